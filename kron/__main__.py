@@ -1,0 +1,3 @@
+from kron.cli import main
+
+main()

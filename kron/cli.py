@@ -1,0 +1,128 @@
+"""The `kron` command line. Each sub-command builds its own objects from one Settings."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from kron.errors import SetupError
+from kron.settings import Settings
+
+app = typer.Typer(
+    name="kron",
+    help="kron: a distributed job scheduler, event-sourced on Apache Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+topics_app = typer.Typer(help="Manage kron's Kafka topics.", no_args_is_help=True)
+dev_app = typer.Typer(help="Local development stack: broker, worker and API.",
+                      no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+app.add_typer(dev_app, name="dev")
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def worker(
+    data_dir: Path | None = typer.Option(None, help="Local RocksDB state (KRON_DATA_DIR)."),
+) -> None:
+    """Run a scheduler worker: owns partitions, fires timers and executes jobs.
+
+    Start as many as you like; Kafka's consumer group spreads the partitions among them.
+    """
+    from streams.worker import run_worker
+
+    overrides = {"data_dir": data_dir} if data_dir else {}
+    try:
+        run_worker(Settings(**overrides))
+    except SetupError as exc:
+        _fail(exc)
+
+
+@app.command()
+def api(
+    host: str | None = typer.Option(None, help="Listen address (KRON_API_HOST)."),
+    port: int | None = typer.Option(None, help="Listen port (KRON_API_PORT)."),
+) -> None:
+    """Run the HTTP API (OpenAPI docs at /docs)."""
+    from api.server import run_api
+
+    overrides: dict[str, object] = {}
+    if host:
+        overrides["api_host"] = host
+    if port is not None:
+        overrides["api_port"] = port
+    try:
+        run_api(Settings(**overrides))  # type: ignore[arg-type]
+    except SetupError as exc:
+        _fail(exc)
+
+
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create every kron topic that is missing (partitions, compaction, retention)."""
+    from kron.topics import create_topics, topic_specs
+
+    settings = Settings()
+    try:
+        created = create_topics(settings)
+    except SetupError as exc:
+        _fail(exc)
+        return
+    for spec in topic_specs(settings):
+        mark = "created" if spec.name in created else "exists"
+        typer.echo(f"{mark:8} {spec.name} partitions={spec.partitions} "
+                   f"cleanup={spec.config['cleanup.policy']}")
+
+
+@dev_app.command("up")
+def dev_up(
+    nodes: int = typer.Option(1, help="Broker nodes: 1, or 3 for RF 3 / min ISR 2."),
+) -> None:
+    """Start broker, topics, a worker and the API in the foreground; Ctrl-C stops them all."""
+    from kron.devstack import up
+
+    try:
+        up(nodes=nodes)
+    except SetupError as exc:
+        _fail(exc)
+
+
+@dev_app.command("down")
+def dev_down() -> None:
+    """Stop anything `kron dev up` left running (by the PIDs it recorded)."""
+    from kron.devstack import down
+
+    down()
+
+
+@dev_app.command("jars")
+def dev_jars() -> None:
+    """Fetch the Kafka broker jars from Maven Central (once)."""
+    from kron.localkafka import ensure_jars
+
+    try:
+        typer.echo(str(ensure_jars()))
+    except SetupError as exc:
+        _fail(exc)
+
+
+@dev_app.command("reset")
+def dev_reset() -> None:
+    """Delete the local broker's data and kron's local state (after `make down`)."""
+    from kron.devstack import reset
+
+    reset()
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

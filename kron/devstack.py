@@ -1,0 +1,164 @@
+"""`make up` / `make down`: the local stack in the foreground, and its clean-up."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from kron import localkafka
+from kron.errors import SetupError
+from kron.settings import Settings, parse_api_keys
+from kron.topics import create_topics
+
+STATE = Path(".kron")
+RUN = STATE / "run"
+BROKER_ROOT = STATE / "broker"
+KEY_FILE = STATE / "dev-api-key"
+
+
+def dev_api_keys() -> str:
+    """KRON_API_KEYS if set; else a random key for tenant `dev`, kept in .kron/dev-api-key."""
+    if os.environ.get("KRON_API_KEYS"):
+        parse_api_keys(os.environ["KRON_API_KEYS"])
+        return os.environ["KRON_API_KEYS"]
+    STATE.mkdir(exist_ok=True)
+    if not KEY_FILE.exists():
+        KEY_FILE.write_text(secrets.token_urlsafe(24) + "\n")
+        KEY_FILE.chmod(0o600)
+    return f"dev={KEY_FILE.read_text().strip()}"
+
+
+def spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    RUN.mkdir(parents=True, exist_ok=True)
+    log = (RUN / f"{name}.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kron", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    log.close()
+    (RUN / f"{name}.pid").write_text(f"{proc.pid}\n")
+    return proc
+
+
+def terminate(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SetupError(f"{url} never answered: the process exited ({proc.returncode})")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise SetupError(f"{url} did not answer 200 within {timeout_s:.0f}s")
+
+
+def up(*, nodes: int = 1) -> None:
+    keys = dev_api_keys()
+    port = int(os.environ.get("KRON_BROKER_PORT", "9092"))
+    cluster = localkafka.Cluster.plan(root=BROKER_ROOT, size=nodes, base_port=port)
+    print(f"kron: starting a {nodes}-node Kafka broker on {cluster.bootstrap_servers} ...")
+    localkafka.start(cluster)
+    env = {
+        **os.environ,
+        "KRON_BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
+        "KRON_REPLICATION_FACTOR": str(cluster.replication_factor),
+        "KRON_MIN_INSYNC_REPLICAS": str(cluster.min_insync_replicas),
+        "KRON_API_KEYS": keys,
+        "KRON_ALLOW_PRIVATE_TARGETS": "true",
+    }
+    settings = Settings(**{"bootstrap_servers": cluster.bootstrap_servers})
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        create_topics(settings.model_copy(update={
+            "replication_factor": cluster.replication_factor,
+            "min_insync_replicas": cluster.min_insync_replicas}))
+        procs.append(spawn("worker", ["worker"], {**env, "KRON_DATA_DIR": str(STATE / "worker-1")}))
+        api = spawn("api", ["api"], env)
+        procs.append(api)
+        url = f"http://{settings.api_host}:{settings.api_port}"
+        wait_http(f"{url}/healthz", 60, api)
+        _banner(url, cluster, keys, procs)
+        _watch(procs)
+    except KeyboardInterrupt:
+        print("\nkron: stopping ...")
+    finally:
+        for proc in reversed(procs):
+            terminate(proc)
+        localkafka.stop(cluster)
+        for pid_file in RUN.glob("*.pid"):
+            pid_file.unlink()
+        print("kron: everything `make up` started is stopped.")
+
+
+def _banner(url: str, cluster: localkafka.Cluster, keys: str,
+            procs: list[subprocess.Popen[bytes]]) -> None:
+    tenant, _, key = keys.split(",")[0].partition("=")
+    print(
+        f"kron is up.\n"
+        f"  broker   {cluster.bootstrap_servers}  (data: {BROKER_ROOT}/)\n"
+        f"  worker   pid {procs[0].pid}  (log: {RUN}/worker.log)\n"
+        f"  api      {url}  docs {url}/docs  pid {procs[1].pid}  (log: {RUN}/api.log)\n"
+        f"  api key  tenant '{tenant}': {key}"
+        + (f"  (saved in {KEY_FILE})" if KEY_FILE.exists() else "")
+        + "\nPress Ctrl-C to stop everything (or run `make down` from another shell).",
+        flush=True,
+    )
+
+
+def _watch(procs: list[subprocess.Popen[bytes]]) -> None:
+    stop = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    while not stop:
+        for proc in procs:
+            if proc.poll() is not None:
+                print(f"kron: process {proc.args} exited with {proc.returncode}; stopping.")
+                return
+        time.sleep(0.5)
+
+
+def down() -> None:
+    for pid_file in RUN.glob("*.pid"):
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            pid = int(pid_file.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            print(f"stopped {pid_file.stem} (pid {pid})")
+        pid_file.unlink()
+    for root in [BROKER_ROOT, *STATE.glob("test-broker-*")]:
+        if root.is_dir():
+            sizes = sorted({int(p.name.split("-")[1]) for p in root.glob("node-*")})
+            if sizes:
+                cluster = localkafka.Cluster.plan(root=root, size=3 if len(sizes) == 3 else 1)
+                localkafka.stop(cluster)
+    print("kron: nothing of the local stack is running.")
+
+
+def reset() -> None:
+    down()
+    for path in [BROKER_ROOT, *STATE.glob("worker-*"), *STATE.glob("test-broker-*"),
+                 STATE / "data"]:
+        shutil.rmtree(path, ignore_errors=True)
+    print("kron: local broker data and worker state deleted.")

@@ -1,0 +1,291 @@
+"""Avro single-object encoding of kron records.
+
+Wire format (identical to Java's ``BinaryMessageEncoder``)::
+
+    C3 01 | CRC-64-AVRO fingerprint of the writer schema, 8 bytes little-endian | Avro binary body
+
+Records are plain dicts. A union of several record types (``JobSpec.schedule``,
+``JobSpec.target``) is written and read as a ``(full_type_name, dict)`` tuple, e.g.
+``("kron.HttpTarget", {"url": ...})``, so a consumer never has to guess the branch from its keys.
+A plain dict is also accepted on encode; fastavro then picks the first branch it fits.
+
+Throughput is dominated by fastavro (per-field cost ~0.3 us to write, ~0.2 us to read, ~0.3 us to
+validate). Measured on the 2-core dev container, CPython 3.11, fastavro 1.13.1 (Cython), records/s:
+
+    record (bytes)                    encode   encode(validate=False)   decode
+    Tick (127)                         ~135k    ~235k                    ~210k
+    ExecutionHeartbeat (154)           ~110k    ~190k                    ~180k
+    ExecutionState, 2 attempts (293)    ~37k     ~65k                     ~74k
+    CreateJob, full JobSpec (393)       ~34k     ~62k                     ~64k
+
+Re-measure from the repository root (not a test: timings are machine-dependent):
+
+    .venv/bin/python -m timeit -s "from schemas.codec import encode, decode; \
+    from tests.golden.make_golden import SAMPLES; n = 'kron.engine.Tick'; \
+    r = SAMPLES[(n, 1)][0]; b = encode(n, r)" "decode(encode(n, r))"
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any, Final, cast
+
+from fastavro import schemaless_reader, schemaless_writer
+from fastavro.read import SchemaResolutionError
+from fastavro.validation import ValidationError, validate
+
+from schemas.errors import DecodeError, EncodeError
+from schemas.registry import (
+    HEADER_LEN,
+    MARKER,
+    SchemaEntry,
+    SchemaRegistry,
+    default_registry,
+)
+
+_MARKER_LEN: Final = len(MARKER)
+# fastavro's strict-writer messages, which name the offending field.
+_WRITER_FIELD: Final = re.compile(
+    r"^Field (\S+) is specified in the schema but missing"
+    r"|more fields than the schema specifies: (.+)$"
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Decoded:
+    """A decoded record, shaped by the reader schema.
+
+    ``version`` is the schema version that wrote the bytes; ``reader_version`` the one the record
+    was resolved to (they differ after a schema upgrade: missing fields then hold their defaults).
+    """
+
+    name: str
+    version: int
+    reader_version: int
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ReadPlan:
+    writer: SchemaEntry
+    reader: SchemaEntry
+    # None when writer and reader are the same version: fastavro then skips schema resolution.
+    reader_schema: dict[str, Any] | None
+    # Asking fastavro for branch names costs 10-15% of a decode even for schemas without record
+    # unions, so only schemas that have one pay for it.
+    tag_unions: bool
+
+
+class Codec:
+    """Encoder/decoder bound to one registry; caches every per-schema decision."""
+
+    __slots__ = ("_plans", "_registry", "_validate")
+
+    def __init__(self, registry: SchemaRegistry, *, validate: bool = True) -> None:
+        # validate=False roughly doubles encode throughput; only for records known to be well
+        # typed (e.g. re-encoding a record this codec just decoded). Unknown and missing keys
+        # are still rejected either way.
+        self._registry = registry
+        self._validate = validate
+        # Keyed by (writer fingerprint, reader name, reader version). Only fingerprints found in
+        # the registry are cached, so garbage input cannot grow it.
+        self._plans: dict[tuple[bytes, str | None, int | None], _ReadPlan] = {}
+
+    @property
+    def registry(self) -> SchemaRegistry:
+        return self._registry
+
+    def encode(self, name: str, record: Mapping[str, Any], *, version: int | None = None) -> bytes:
+        """Write ``record`` with the latest version of ``name`` (or the given version)."""
+        entry = (
+            self._registry.latest(name) if version is None else self._registry.get(name, version)
+        )
+        buf = BytesIO()
+        buf.write(entry.header)
+        try:
+            # fastavro's writer alone would silently truncate 1.5 to 1 for an int field, write
+            # ints outside the 32-bit range and take any truthy value as true; validating first
+            # rejects all three. raise_errors=False is ~10x faster on unions (no exception per
+            # rejected branch); the second call only runs to build the error report.
+            if self._validate and not validate(record, entry.schema, raise_errors=False):
+                validate(record, entry.schema, raise_errors=True)
+            # strict_allow_default: unknown keys (typos) are errors; omitted keys take defaults.
+            schemaless_writer(buf, entry.schema, record, strict_allow_default=True)
+        except ValidationError as exc:
+            # fastavro's own message embeds the offending value (maybe a secret header); ours
+            # names only its type, so don't chain the original into tracebacks.
+            raise _encode_error(entry, exc) from None
+        except Exception as exc:
+            raise _encode_error(entry, exc) from exc
+        return buf.getvalue()
+
+    def decode(
+        self,
+        data: bytes,
+        reader_name: str | None = None,
+        *,
+        reader_version: int | None = None,
+    ) -> Decoded:
+        """Read single-object-encoded ``data``.
+
+        The record is resolved to the latest version of ``reader_name`` (default: the writer's own
+        record name), or to ``reader_version`` of it. Any problem with the bytes raises
+        ``DecodeError``; an unknown ``reader_name`` raises ``UnknownSchemaError``.
+        """
+        if reader_name is not None:
+            # A caller bug should surface on the first call, not wait for a well-formed message.
+            self._reader_entry(reader_name, reader_version)
+        plan = self._plan(data, reader_name, reader_version)
+        buf = BytesIO(data)
+        buf.seek(HEADER_LEN)
+        record = _read_body(buf, plan)
+        if buf.tell() != len(data):
+            raise DecodeError(
+                "truncated_or_corrupt",
+                f"{len(data) - buf.tell()} trailing bytes after a {plan.writer.name} "
+                f"v{plan.writer.version} body",
+            )
+        return Decoded(
+            name=plan.reader.name,
+            version=plan.writer.version,
+            reader_version=plan.reader.version,
+            record=record,
+        )
+
+    def _plan(self, data: bytes, reader_name: str | None, reader_version: int | None) -> _ReadPlan:
+        if len(data) < HEADER_LEN:
+            raise DecodeError(
+                "too_short", f"{len(data)} bytes is shorter than the {HEADER_LEN}-byte header"
+            )
+        if data[:_MARKER_LEN] != MARKER:
+            raise DecodeError(
+                "bad_marker",
+                f"expected marker {MARKER.hex()}, got {bytes(data[:_MARKER_LEN]).hex()}",
+            )
+        fp = bytes(data[_MARKER_LEN:HEADER_LEN])
+        key = (fp, reader_name, reader_version)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._make_plan(fp, reader_name, reader_version)
+            self._plans[key] = plan
+        return plan
+
+    def _make_plan(
+        self, fp: bytes, reader_name: str | None, reader_version: int | None
+    ) -> _ReadPlan:
+        writer = self._registry.by_fingerprint(fp)
+        if writer is None:
+            raise DecodeError(
+                "unknown_fingerprint",
+                f"no schema in the registry has fingerprint {fp.hex()} (little-endian); "
+                "the writer may be newer than this reader",
+            )
+        reader = self._reader_entry(reader_name or writer.name, reader_version)
+        return _ReadPlan(
+            writer=writer,
+            reader=reader,
+            reader_schema=None if reader is writer else reader.schema,
+            tag_unions=_has_record_union(writer.schema) or _has_record_union(reader.schema),
+        )
+
+    def _reader_entry(self, name: str, version: int | None) -> SchemaEntry:
+        if version is None:
+            return self._registry.latest(name)
+        return self._registry.get(name, version)
+
+
+@functools.cache
+def default_codec() -> Codec:
+    """The codec over the committed schemas (see ``schemas.registry.default_registry``)."""
+    return Codec(default_registry())
+
+
+def encode(name: str, record: Mapping[str, Any]) -> bytes:
+    """Encode ``record`` with the latest committed version of schema ``name``."""
+    return default_codec().encode(name, record)
+
+
+def decode(data: bytes, reader_name: str | None = None) -> Decoded:
+    """Decode bytes written by any committed schema version; see ``Codec.decode``."""
+    return default_codec().decode(data, reader_name)
+
+
+def _read_body(buf: BytesIO, plan: _ReadPlan) -> dict[str, Any]:
+    try:
+        record = schemaless_reader(
+            buf,
+            plan.writer.schema,
+            plan.reader_schema,
+            return_record_name=plan.tag_unions,
+            # Tag only unions with several record branches; ["null", X] stays a plain value.
+            return_record_name_override=plan.tag_unions,
+        )
+    except SchemaResolutionError as exc:
+        raise DecodeError(
+            "incompatible_schema",
+            f"{plan.writer.name} v{plan.writer.version} cannot be read as "
+            f"{plan.reader.name} v{plan.reader.version}: {exc}",
+        ) from exc
+    except Exception as exc:
+        # fastavro reports bad bodies with whatever the failing primitive raised (EOFError,
+        # UnicodeDecodeError, IndexError on an enum index, ...); callers need exactly one type.
+        raise DecodeError(
+            "truncated_or_corrupt",
+            f"cannot read {plan.writer.name} v{plan.writer.version} body: {_explain(exc)}",
+        ) from exc
+    return cast(dict[str, Any], record)
+
+
+def _has_record_union(schema: dict[str, Any]) -> bool:
+    """Whether a parsed schema has a union with two or more record branches."""
+    named: dict[str, Any] = schema.get("__named_schemas", {})
+
+    def is_record(branch: Any) -> bool:
+        definition = named.get(branch, {}) if isinstance(branch, str) else branch
+        return isinstance(definition, dict) and definition.get("type") in ("record", "error")
+
+    def walk(node: Any) -> bool:
+        if isinstance(node, list):
+            return sum(map(is_record, node)) > 1 or any(map(walk, node))
+        if not isinstance(node, dict):
+            return False  # a primitive, or a reference to a type walked where it is defined
+        return any(walk(f["type"]) for f in node.get("fields", ())) or any(
+            walk(node[key]) for key in ("items", "values") if key in node
+        )
+
+    return walk(schema)
+
+
+def _explain(exc: Exception) -> str:
+    if isinstance(exc, EOFError):
+        return f"body ends early ({exc})" if str(exc) else "body ends early"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _encode_error(entry: SchemaEntry, exc: Exception) -> EncodeError:
+    if isinstance(exc, ValidationError) and exc.errors:
+        first = exc.errors[0]
+        field = str(first.field) or None
+        # Name the type of the bad value, not the value: records carry headers and payloads
+        # that must not end up in logs.
+        got = "null or missing" if first.datum is None else type(first.datum).__name__
+        expected = _describe(first.schema)
+        more = f" (+{len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""
+        return EncodeError(entry.name, f"{field}: got {got}, expected {expected}{more}", field)
+    match = _WRITER_FIELD.search(str(exc))
+    field = next((g for g in match.groups() if g), None) if match else None
+    return EncodeError(entry.name, f"{type(exc).__name__}: {exc}", field)
+
+
+def _describe(schema: object) -> str:
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, list):
+        return "[" + ", ".join(_describe(s) for s in schema) + "]"
+    if isinstance(schema, dict):
+        return str(schema.get("name") or schema.get("type"))
+    return repr(schema)

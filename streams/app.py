@@ -1,0 +1,207 @@
+"""The worker's Faust app: one agent per partition stream, three co-partitioned tables.
+
+Built by `build_engine(settings)` at process start; nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.stores.rocksdb import RocksDBOptions  # noqa: F401 - documents the options used
+
+from kron.clock import Clock, SystemClock
+from kron.settings import Settings
+from schemas import codec
+from schemas.errors import DecodeError
+from streams.domain.errors import PermanentError
+from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore
+from streams.engine.faust_store import TableStore
+from streams.executor import Executor
+from streams.targets import CommandRunner, HttpRunner, KafkaRunner
+from streams.ticker import Ticker
+
+log = logging.getLogger("kron.engine")
+
+TICK = "kron.engine.Tick"
+REPORTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.ExecutionFailed",
+                     "kron.executions.ExecutionHeartbeat"})
+# Avro bytes pass through Faust untouched; the codec owns (de)serialisation.
+RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
+                       "value_serializer": "raw"}
+IGNORED = frozenset({"kron.engine.CircuitOpened", "kron.engine.CircuitClosed"})
+
+
+@dataclass(kw_only=True)
+class Stats:
+    commands: int = 0
+    ticks: int = 0
+    reports: int = 0
+    dead_letters: int = 0
+    dispatched: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Engine:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.stats = Stats()
+        self.app = self._build_app()
+        p = settings.partitions
+
+        def topic(name: str, **kw: Any) -> Any:
+            return self.app.topic(settings.topic(name), partitions=p, **RAW, **kw)
+
+        self.commands = topic("commands")
+        self.signals = topic("signals")
+        self.dead_letters = topic("dead-letters")
+        opts = {"block_cache_size": 16 << 20, "write_buffer_size": 16 << 20}
+
+        def table(name: str) -> Any:
+            return self.app.Table(name, key_type=bytes, value_type=bytes, partitions=p,
+                                  changelog_topic=topic(name, compacting=True), options=opts)
+
+        self.jobs = table("jobs")
+        self.executions = table("executions")
+        self.timers = table("timers")
+        self.ticker = Ticker(engine=self)
+        self.executor: Executor | None = None
+        self.app.agent(self.app.topic(settings.topic("commands"), settings.topic("signals"),
+                                      **RAW),
+                       name="kron-engine", concurrency=1)(self._agent)
+        self.app.task(self._on_start)
+
+    def _build_app(self) -> faust.App:
+        s = self.settings
+        return faust.App(
+            s.app_id,
+            broker=[f"kafka://{h}" for h in s.bootstrap_servers.split(",")],
+            store="rocksdb://",
+            datadir=str(s.data_dir),
+            autodiscover=False,
+            topic_partitions=s.partitions,
+            topic_replication_factor=s.replication_factor,
+            topic_allow_declare=False,
+            web_enabled=False,
+            table_standby_replicas=1,
+            broker_session_timeout=s.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
+            producer_acks=-1,
+            producer_linger_ms=5,
+            stream_buffer_maxsize=4096,
+            broker_commit_every=1000,
+            broker_commit_interval=1.0,
+            processing_guarantee="at_least_once",
+            logging_config=None,
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def _on_start(self) -> None:
+        http = HttpRunner(allow_private=self.settings.allow_private_targets)
+        self.executor = Executor(
+            runners={"http": http, "command": CommandRunner(),
+                     "kafka": KafkaRunner(self._publish)},
+            report=self._report, clock=self.clock, worker_id=self.settings.worker_id)
+        self.executor.start()
+        self.ticker.start()
+        log.info("engine started", extra={"worker": self.settings.worker_id})
+
+    async def _publish(self, topic: str, key: bytes | None, value: bytes | None,
+                       headers: dict[str, str]) -> None:
+        fut = await self.app.producer.send(topic, key, value, None, None,
+                                           list(headers.items()))
+        await fut
+
+    async def _report(self, partition: int, name: str, record: dict[str, Any]) -> None:
+        await self.signals.send(key=record.get("job_id", "").encode(),
+                                value=codec.encode(name, record), partition=partition)
+
+    def epoch(self) -> int:
+        """The consumer group generation: it only grows, so it fences older owners."""
+        try:
+            return int(self.app.consumer._thread._consumer._coordinator.generation)
+        except AttributeError:
+            return 0
+
+    # --- the agent ---------------------------------------------------------------------------
+
+    async def _agent(self, stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                effects = self._handle(msg)
+            except (DecodeError, PermanentError) as exc:
+                await self._dead_letter(msg, exc)
+                continue
+            except Exception as exc:  # a poison record must not stall the partition
+                log.exception("handler failed; dead-lettering the record")
+                await self._dead_letter(msg, exc)
+                continue
+            await self._apply(effects, msg.partition)
+
+    def _handle(self, msg: Any) -> list[Any]:
+        decoded = codec.decode(msg.value)
+        name, rec = decoded.name, decoded.record
+        partition = msg.partition
+        store = TableStore(jobs=self.jobs, executions=self.executions, timers=self.timers,
+                           partition=partition, on_timer=self.ticker.timer_added)
+        core = PartitionCore(store)
+        ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
+                      causation_id=rec["envelope"]["event_id"],
+                      worker=self.settings.worker_id, epoch=self.epoch())
+        if name.startswith("kron.commands."):
+            self.stats.commands += 1
+            return core.on_command(name, rec, ctx)
+        if name == TICK:
+            self.stats.ticks += 1
+            ctx.now_ms = rec["now_ms"]
+            effects, more = core.on_tick(ctx)
+            self.ticker.ticked(partition, more=more)
+            return effects
+        if name in REPORTS:
+            self.stats.reports += 1
+            return core.on_report(name, rec, ctx)
+        if name in IGNORED:
+            return []
+        raise PermanentError(f"{name} does not belong on {msg.topic}", field=None)
+
+    async def _apply(self, effects: list[Any], partition: int) -> None:
+        for effect in effects:
+            if isinstance(effect, Dispatch):
+                assert self.executor is not None
+                self.executor.submit(effect, partition)
+                self.stats.dispatched += 1
+            elif isinstance(effect, Cancel):
+                assert self.executor is not None
+                self.executor.cancel(effect.exec_id)
+            elif isinstance(effect, Emit):
+                await self.app.topic(self.settings.topic(effect.topic), **RAW).send(
+                    key=effect.key.encode(), value=codec.encode(effect.name, effect.record))
+
+    async def _dead_letter(self, msg: Any, exc: Exception) -> None:
+        self.stats.dead_letters += 1
+        now = self.clock.now_ms()
+        error_class = ("decode" if isinstance(exc, DecodeError)
+                       else "validation" if isinstance(exc, PermanentError) else "handler")
+        record = {
+            "envelope": {"event_id": f"dlq:{msg.topic}:{msg.partition}:{msg.offset}",
+                         "event_type": "record.dead_lettered", "schema_version": 1,
+                         "occurred_at_ms": now, "tenant": "", "causation_id": None,
+                         "correlation_id": None, "producer": self.settings.worker_id},
+            "source_topic": msg.topic, "source_partition": msg.partition,
+            "source_offset": msg.offset, "key": msg.key, "value": msg.value,
+            "error": f"{type(exc).__name__}: {exc}"[:4000], "error_class": error_class,
+        }
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, exc)
+        await self.dead_letters.send(key=msg.key, value=codec.encode(
+            "kron.deadletter.DeadLetter", record), partition=msg.partition)
+
+
+def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
+    return Engine(settings, clock)
+

@@ -1,0 +1,575 @@
+"""The partition core: every decision the trigger owner makes, as a deterministic function.
+
+The owner of a partition feeds it the partition's events in offset order: commands, ticks
+and attempt reports. It reads and writes one partition's state through a PartitionStore and
+returns the side effects to perform afterwards (dispatch an attempt, cancel one, emit an
+event). It never reads a clock: "now" is a field of the event being processed, so replaying
+the same events over the same state makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from streams.domain.cursor import advance_cursor
+from streams.domain.errors import PermanentError
+from streams.domain.ids import event_id, exec_id, manual_exec_id
+from streams.domain.misfire import resolve_misfire
+from streams.domain.policies import MisfireKind, Overlap
+from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
+from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
+from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
+from streams.domain.timer import encode_timer_key as timer_key
+from streams.engine.spec import JobPlan, branch, plan_of
+from streams.engine.store import PartitionStore, Record
+
+TERMINAL = frozenset({"succeeded", "failed", "skipped", "missed", "cancelled"})
+# How late a slot may be found before misfire policy applies: covers tick and GC jitter,
+# not downtime.
+MISFIRE_GRACE_MS = 5_000
+# A worker down for a day must not enumerate a per-second cron's 86,400 slots in one event.
+MAX_LATE_SLOTS = 10_000
+# Paced re-fires (fire_all, backfill) go out at most this often per job.
+PACE_MS = 100
+MAX_RECENT_COMMANDS = 32
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dispatch:
+    """Run one attempt. The attempt number is the fencing token of its completion."""
+
+    exec_id: str
+    job_id: str
+    tenant: str
+    scheduled_for_ms: int
+    attempt: int
+    fencing_token: int
+    target: Record
+    lease_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cancel:
+    exec_id: str
+    fencing_token: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Emit:
+    """An event for a topic other than the partition's own tables."""
+
+    topic: str
+    name: str
+    key: str
+    record: Record
+
+
+Effect = Dispatch | Cancel | Emit
+
+
+@dataclass(kw_only=True, slots=True)
+class Context:
+    """Facts about the event being processed; the only inputs besides state."""
+
+    now_ms: int
+    causation_id: str
+    worker: str
+    epoch: int
+    effects: list[Effect] = field(default_factory=list)
+
+
+def _rand(*parts: object) -> float:
+    """A replay-stable uniform in [0, 1): jitter must not differ between owners."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+class PartitionCore:
+    def __init__(self, store: PartitionStore) -> None:
+        self.store = store
+        # Stats for logs and benchmarks; never part of a decision.
+        self.suppressed = 0
+        self.stale_rejected = 0
+
+    # --- envelopes ---------------------------------------------------------------------------
+
+    def _envelope(self, ctx: Context, *, tenant: str, event_type: str, eid: str,
+                  correlation: str | None) -> Record:
+        return {
+            "event_id": eid,
+            "event_type": event_type,
+            "schema_version": 1,
+            "occurred_at_ms": ctx.now_ms,
+            "tenant": tenant,
+            "causation_id": ctx.causation_id,
+            "correlation_id": correlation,
+            "producer": ctx.worker,
+        }
+
+    def _save_job(self, ctx: Context, job: Record, event_type: str) -> None:
+        job["updated_at_ms"] = ctx.now_ms
+        job["owner_epoch"] = ctx.epoch
+        job["envelope"] = self._envelope(
+            ctx, tenant=job["envelope"]["tenant"], event_type=event_type,
+            eid=event_id(job["job_id"], event_type, ctx.causation_id), correlation=job["job_id"])
+        self.store.put_job(job)
+
+    def _save_exec(self, ctx: Context, ex: Record, event_type: str) -> None:
+        ex["updated_at_ms"] = ctx.now_ms
+        ex["owner_epoch"] = ctx.epoch
+        ex["envelope"] = self._envelope(
+            ctx, tenant=ex["envelope"]["tenant"], event_type=event_type,
+            eid=event_id(ex["exec_id"], event_type, ex["attempt"], ctx.causation_id),
+            correlation=ex["job_id"])
+        self.store.put_execution(ex)
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def on_command(self, name: str, cmd: Record, ctx: Context) -> list[Effect]:
+        """Apply one command. Raises PermanentError for a command that can never apply."""
+        kind = name.rsplit(".", 1)[-1]
+        job = self.store.job(cmd["job_id"])
+        if job is not None:
+            if job["envelope"]["tenant"] != cmd["envelope"]["tenant"]:
+                raise PermanentError("the command's tenant does not own this job",
+                                     field="envelope.tenant")
+            if cmd["command_id"] in job["applied_command_ids"]:
+                return ctx.effects
+        if kind == "CreateJob":
+            self._create(cmd, job, ctx)
+            return ctx.effects
+        if job is None or job["status"] == "deleted":
+            raise PermanentError(f"no job {cmd['job_id']!r}", field="job_id")
+        handler = {
+            "UpdateJob": self._update,
+            "PauseJob": self._pause,
+            "ResumeJob": self._resume,
+            "DeleteJob": self._delete,
+            "TriggerJob": self._trigger,
+            "BackfillJob": self._backfill,
+        }.get(kind)
+        if handler is None:
+            raise PermanentError(f"unknown command {name}", field=None)
+        handler(cmd, job, ctx)
+        self._remember(job, cmd["command_id"])
+        self._save_job(ctx, job, f"job.{_past(kind)}")
+        return ctx.effects
+
+    @staticmethod
+    def _remember(job: Record, command_id: str) -> None:
+        ids = job["applied_command_ids"]
+        ids.append(command_id)
+        del ids[:-MAX_RECENT_COMMANDS]
+
+    def _create(self, cmd: Record, existing: Record | None, ctx: Context) -> None:
+        if existing is not None:
+            same_key = cmd.get("idempotency_key") and (
+                existing.get("idempotency_key") == cmd.get("idempotency_key"))
+            if same_key:
+                return
+            raise PermanentError(f"job {cmd['job_id']!r} already exists", field="job_id")
+        plan = plan_of(cmd["spec"])
+        job: Record = {
+            "envelope": cmd["envelope"],
+            "job_id": cmd["job_id"],
+            "version": 1,
+            "status": "active",
+            "spec": cmd["spec"],
+            "created_at_ms": ctx.now_ms,
+            "updated_at_ms": ctx.now_ms,
+            "next_run_at_ms": None,
+            "cursor_ms": None,
+            "applied_command_ids": [cmd["command_id"]],
+            "idempotency_key": cmd.get("idempotency_key"),
+            "owner_epoch": ctx.epoch,
+            "running": [],
+            "queued_slot_ms": None,
+        }
+        # A one-off is due at run_at even if that already passed: the API judged the skew.
+        after = -1 if isinstance(plan.schedule, OneOffSchedule) else ctx.now_ms - 1
+        self._arm(job, plan, bounded_next_slot(
+            plan.schedule, after_ms=after, dst=plan.dst,
+            start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms))
+        self._save_job(ctx, job, "job.created")
+
+    def _update(self, cmd: Record, job: Record, ctx: Context) -> None:
+        expected = cmd.get("expected_version")
+        if expected is not None and expected != job["version"]:
+            raise PermanentError(f"job is at version {job['version']}, not {expected}",
+                                 field="expected_version")
+        plan = plan_of(cmd["spec"])
+        self._disarm(job)
+        job["spec"] = cmd["spec"]
+        job["version"] += 1
+        if job["status"] == "completed":
+            job["status"] = "active"
+        after = job["cursor_ms"] if job["cursor_ms"] is not None else -1
+        if not isinstance(plan.schedule, OneOffSchedule):
+            after = max(after, ctx.now_ms - 1)
+        self._arm(job, plan, bounded_next_slot(
+            plan.schedule, after_ms=after, dst=plan.dst,
+            start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms))
+
+    def _pause(self, cmd: Record, job: Record, ctx: Context) -> None:
+        # The fire timer stays armed: each slot that falls due while paused is recorded as
+        # skipped("paused") when its time comes, so no slot goes silently missing.
+        if job["status"] == "active":
+            job["status"] = "paused"
+
+    def _resume(self, cmd: Record, job: Record, ctx: Context) -> None:
+        if job["status"] == "paused":
+            job["status"] = "active" if job["next_run_at_ms"] is not None else "completed"
+
+    def _delete(self, cmd: Record, job: Record, ctx: Context) -> None:
+        self._disarm(job)
+        job["status"] = "deleted"
+        job["next_run_at_ms"] = None
+        for ex_id in list(job["running"]):
+            self._cancel(ex_id, job, ctx, reason="job deleted")
+
+    def _trigger(self, cmd: Record, job: Record, ctx: Context) -> None:
+        ex_id = manual_exec_id(job["job_id"], cmd["command_id"])
+        self._start_execution(job, plan_of(job["spec"]), ctx, ex_id=ex_id,
+                              slot=Slot(scheduled_for_ms=ctx.now_ms, dst_outcome=None),
+                              trigger="manual")
+
+    def _backfill(self, cmd: Record, job: Record, ctx: Context) -> None:
+        plan = plan_of(job["spec"])
+        if cmd["to_ms"] < cmd["from_ms"] or cmd["to_ms"] > ctx.now_ms:
+            raise PermanentError("backfill needs from <= to <= now", field="to")
+        rate = max(0.01, min(float(cmd.get("max_per_s", 10.0)), 1000.0))
+        slot = bounded_next_slot(plan.schedule, after_ms=cmd["from_ms"] - 1, dst=plan.dst,
+                                 start_at_ms=plan.start_at_ms, end_at_ms=cmd["to_ms"] + 1)
+        n = 0
+        while slot is not None and slot.scheduled_for_ms <= cmd["to_ms"] and n < MAX_LATE_SLOTS:
+            due = ctx.now_ms + int(n * 1000 / rate)
+            self._put_paced(job, slot, due, "backfill")
+            n += 1
+            slot = bounded_next_slot(plan.schedule, after_ms=slot.scheduled_for_ms,
+                                     dst=plan.dst, start_at_ms=None,
+                                     end_at_ms=cmd["to_ms"] + 1)
+
+    # --- timers ------------------------------------------------------------------------------
+
+    def _fire_key(self, job: Record, scheduled_for_ms: int, plan: JobPlan) -> bytes:
+        due = apply_jitter(scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
+        return timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"], ref="")
+
+    def _arm(self, job: Record, plan: JobPlan, slot: Slot | None) -> None:
+        """Exactly one future occurrence per active job sits in the timer table."""
+        if slot is None:
+            job["next_run_at_ms"] = None
+            if job["status"] == "active":
+                job["status"] = "completed"
+            return
+        job["next_run_at_ms"] = slot.scheduled_for_ms
+        value = orjson.dumps({"s": slot.scheduled_for_ms, "d": slot.dst_outcome,
+                              "v": job["version"]})
+        self.store.put_timer(self._fire_key(job, slot.scheduled_for_ms, plan), value)
+
+    def _disarm(self, job: Record) -> None:
+        if job["next_run_at_ms"] is not None:
+            plan = plan_of(job["spec"])
+            self.store.delete_timer(self._fire_key(job, job["next_run_at_ms"], plan))
+            job["next_run_at_ms"] = None
+
+    def _put_paced(self, job: Record, slot: Slot, due_ms: int, trigger: str) -> None:
+        key = timer_key(due_ms=due_ms, kind=TimerKind.FIRE, job_id=job["job_id"],
+                        ref=f"{trigger}:{slot.scheduled_for_ms}")
+        self.store.put_timer(key, orjson.dumps({"s": slot.scheduled_for_ms,
+                                                "d": slot.dst_outcome, "t": trigger}))
+
+    def on_tick(self, ctx: Context, *, limit: int = 2000) -> tuple[list[Effect], bool]:
+        """Fire every timer due at or before the tick's time. Returns (effects, more_due)."""
+        due = self.store.due_timers(due_prefix_upper_bound(ctx.now_ms), limit + 1)
+        for key, value in due[:limit]:
+            self.store.delete_timer(key)
+            self._on_timer(key, value, ctx)
+        return ctx.effects, len(due) > limit
+
+    def _on_timer(self, key: bytes, value: bytes, ctx: Context) -> None:
+        tk = decode_timer_key(key)
+        data = orjson.loads(value)
+        job = self.store.job(tk.job_id)
+        if job is None:
+            return
+        if tk.kind == TimerKind.FIRE:
+            slot = Slot(scheduled_for_ms=data["s"], dst_outcome=data["d"])
+            if tk.ref:
+                self._fire_paced(job, slot, data["t"], ctx)
+            elif data["v"] == job["version"] and job["next_run_at_ms"] == slot.scheduled_for_ms:
+                self._fire_scheduled(job, slot, ctx)
+            return
+        ex = self.store.execution(tk.ref)
+        if ex is None or ex["attempt"] != data["a"]:
+            return
+        if tk.kind == TimerKind.RETRY and ex["state"] == "retry_pending":
+            self._next_attempt(job, ex, ctx)
+        elif tk.kind == TimerKind.LEASE and ex["state"] == "running":
+            self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
+                               error="lease expired: the worker stopped heartbeating",
+                               status_code=None, retry_after_s=None, started_at_ms=None)
+
+    # --- firing ------------------------------------------------------------------------------
+
+    def _fire_scheduled(self, job: Record, slot: Slot, ctx: Context) -> None:
+        plan = plan_of(job["spec"])
+        paused = job["status"] == "paused"
+        late = [slot]
+        if ctx.now_ms - slot.scheduled_for_ms > MISFIRE_GRACE_MS:
+            late = self._late_slots(plan, slot, ctx.now_ms)
+        last = late[-1].scheduled_for_ms
+        job["cursor_ms"] = advance_cursor(job["cursor_ms"], last)
+        self._arm(job, plan, bounded_next_slot(
+            plan.schedule, after_ms=max(last, ctx.now_ms - MISFIRE_GRACE_MS), dst=plan.dst,
+            start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms))
+        if paused:
+            for s in late:
+                self._record_outcome(job, s, ctx, state="skipped", reason="paused")
+        elif len(late) == 1 and late[0] is slot:
+            self._on_slot(job, plan, slot, ctx, trigger="schedule")
+        else:
+            self._misfire(job, plan, late, ctx)
+        self._save_job(ctx, job, "job.slot_fired")
+
+    def _late_slots(self, plan: JobPlan, first: Slot, now_ms: int) -> list[Slot]:
+        """Every slot from `first` that is already overdue, for misfire policy to judge."""
+        slots = [first]
+        nxt = bounded_next_slot(plan.schedule, after_ms=first.scheduled_for_ms, dst=plan.dst,
+                                start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        while (nxt is not None and nxt.scheduled_for_ms <= now_ms - MISFIRE_GRACE_MS
+               and len(slots) < MAX_LATE_SLOTS):
+            slots.append(nxt)
+            nxt = bounded_next_slot(plan.schedule, after_ms=nxt.scheduled_for_ms, dst=plan.dst,
+                                    start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        return slots
+
+    def _misfire(self, job: Record, plan: JobPlan, late: list[Slot], ctx: Context) -> None:
+        decision = resolve_misfire(late_slots=late, now_ms=ctx.now_ms, policy=plan.misfire)
+        for slot, reason in decision.missed:
+            self._record_outcome(job, slot, ctx, state="missed", reason=reason)
+        if plan.misfire.kind == MisfireKind.FIRE_ALL:
+            for i, slot in enumerate(decision.fire):
+                self._put_paced(job, slot, ctx.now_ms + i * PACE_MS, "misfire")
+            return
+        for slot in decision.fire:
+            self._on_slot(job, plan, slot, ctx, trigger="misfire")
+
+    def _fire_paced(self, job: Record, slot: Slot, trigger: str, ctx: Context) -> None:
+        if job["status"] == "deleted":
+            return
+        plan = plan_of(job["spec"])
+        self._on_slot(job, plan, slot, ctx, trigger=trigger)
+        self._save_job(ctx, job, "job.slot_fired")
+
+    def _record_outcome(self, job: Record, slot: Slot, ctx: Context, *, state: str,
+                        reason: str) -> None:
+        ex_id = exec_id(job["job_id"], slot.scheduled_for_ms)
+        if self.store.execution(ex_id) is not None:
+            self.suppressed += 1
+            return
+        ex = self._new_execution(job, ex_id, slot, ctx, trigger="schedule")
+        ex["state"] = state
+        ex["reason"] = reason
+        self._save_exec(ctx, ex, f"execution.{state}")
+
+    def _on_slot(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context, *,
+                 trigger: str) -> None:
+        """Apply the overlap policy to a slot that is due now."""
+        running = job["running"]
+        if running and plan.overlap == Overlap.SKIP_IF_RUNNING:
+            self._record_outcome(job, slot, ctx, state="skipped", reason="overlap: running")
+            return
+        if running and plan.overlap == Overlap.QUEUE:
+            if job["queued_slot_ms"] is None:
+                job["queued_slot_ms"] = slot.scheduled_for_ms
+            else:
+                self._record_outcome(job, slot, ctx, state="skipped",
+                                     reason="overlap: queue full")
+            return
+        if running and plan.overlap == Overlap.REPLACE:
+            for ex_id in list(running):
+                self._cancel(ex_id, job, ctx, reason="replaced by a newer slot")
+        self._start_execution(job, plan, ctx, ex_id=exec_id(job["job_id"],
+                              slot.scheduled_for_ms), slot=slot, trigger=trigger)
+
+    def _new_execution(self, job: Record, ex_id: str, slot: Slot, ctx: Context, *,
+                       trigger: str) -> Record:
+        plan_jitter = float(job["spec"].get("jitter_s", 0.0))
+        return {
+            "envelope": {"tenant": job["envelope"]["tenant"]},
+            "exec_id": ex_id, "job_id": job["job_id"],
+            "scheduled_for_ms": slot.scheduled_for_ms, "owner_epoch": ctx.epoch,
+            "state": "queued", "trigger": trigger, "attempt": 0, "fencing_token": 0,
+            "due_at_ms": apply_jitter(slot.scheduled_for_ms, jitter_s=plan_jitter,
+                                      job_id=job["job_id"]),
+            "worker": None, "lease_until_ms": None, "retry_at_ms": None,
+            "dst_outcome": slot.dst_outcome, "reason": None, "last_error": None,
+            "status_code": None, "attempts": [], "created_at_ms": ctx.now_ms,
+            "updated_at_ms": ctx.now_ms,
+        }
+
+    def _start_execution(self, job: Record, plan: JobPlan, ctx: Context, *, ex_id: str,
+                         slot: Slot, trigger: str) -> None:
+        """The check-and-set that makes a slot fire once: local, because we own the partition."""
+        if self.store.execution(ex_id) is not None:
+            self.suppressed += 1
+            return
+        ex = self._new_execution(job, ex_id, slot, ctx, trigger=trigger)
+        job["running"].append(ex_id)
+        self._begin_attempt(job, plan, ex, ctx)
+
+    def _begin_attempt(self, job: Record, plan: JobPlan, ex: Record, ctx: Context) -> None:
+        ex["attempt"] += 1
+        ex["fencing_token"] = ex["attempt"]
+        ex["state"] = "running"
+        ex["worker"] = ctx.worker
+        ex["retry_at_ms"] = None
+        ex["lease_until_ms"] = ctx.now_ms + int(plan.lease_s * 1000)
+        ex["attempts"].append({
+            "attempt": ex["attempt"], "fencing_token": ex["fencing_token"],
+            "worker": ctx.worker, "started_at_ms": ctx.now_ms, "finished_at_ms": None,
+            "outcome": None, "status_code": None, "error": None,
+        })
+        self._put_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
+        self._save_exec(ctx, ex, "execution.started")
+        ctx.effects.append(Dispatch(
+            exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
+            scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
+            fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
+            lease_s=plan.lease_s))
+
+    def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
+        key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])
+        self.store.put_timer(key, orjson.dumps({"a": ex["attempt"]}))
+
+    def _del_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int | None) -> None:
+        if due_ms is not None:
+            self.store.delete_timer(timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"],
+                                              ref=ex["exec_id"]))
+
+    def _next_attempt(self, job: Record, ex: Record, ctx: Context) -> None:
+        self._begin_attempt(job, plan_of(job["spec"]), ex, ctx)
+
+    def _cancel(self, ex_id: str, job: Record, ctx: Context, *, reason: str) -> None:
+        ex = self.store.execution(ex_id)
+        if ex is None or ex["state"] in TERMINAL:
+            _discard(job["running"], ex_id)
+            return
+        self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
+        self._del_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
+        ctx.effects.append(Cancel(exec_id=ex_id, fencing_token=ex["fencing_token"]))
+        # Bumping the token fences the cancelled attempt: its late report is rejected.
+        ex["fencing_token"] += 1
+        ex["state"] = "cancelled"
+        ex["reason"] = reason
+        self._finish(job, ex, ctx, "execution.cancelled")
+
+    # --- attempt reports ---------------------------------------------------------------------
+
+    def on_report(self, name: str, rep: Record, ctx: Context) -> list[Effect]:
+        ex = self.store.execution(rep["exec_id"])
+        if ex is None or ex["state"] != "running" or ex["fencing_token"] != rep["fencing_token"]:
+            # A zombie's or a cancelled attempt's word: fenced, never applied.
+            self.stale_rejected += 1
+            return ctx.effects
+        job = self.store.job(ex["job_id"])
+        if job is None:
+            return ctx.effects
+        kind = name.rsplit(".", 1)[-1]
+        if kind == "ExecutionHeartbeat":
+            self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
+            ex["lease_until_ms"] = rep["lease_until_ms"]
+            self._put_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
+            self._save_exec(ctx, ex, "execution.heartbeat")
+        elif kind == "ExecutionSucceeded":
+            self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
+            _close_attempt(ex, rep, "succeeded")
+            ex["state"] = "succeeded"
+            ex["status_code"] = rep.get("status_code")
+            self._finish(job, ex, ctx, "execution.succeeded")
+        elif kind == "ExecutionFailed":
+            self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
+            self._fail_attempt(job, ex, ctx, error_class=ErrorClass(rep["error_class"]),
+                               error=rep["error"], status_code=rep.get("status_code"),
+                               retry_after_s=rep.get("retry_after_s"),
+                               started_at_ms=rep.get("started_at_ms"), report=rep)
+        return ctx.effects
+
+    def _fail_attempt(self, job: Record, ex: Record, ctx: Context, *, error_class: ErrorClass,
+                      error: str, status_code: int | None, retry_after_s: float | None,
+                      started_at_ms: int | None, report: Record | None = None) -> None:
+        plan = plan_of(job["spec"])
+        _close_attempt(ex, report or {"finished_at_ms": ctx.now_ms, "status_code": status_code,
+                                      "error": error}, str(error_class))
+        ex["last_error"] = error
+        ex["status_code"] = status_code
+        if should_retry(plan.retry, failed_attempt=ex["attempt"], error_class=error_class):
+            delay = retry_delay_s(plan.retry, failed_attempt=ex["attempt"],
+                                  rand=_rand(ex["exec_id"], ex["attempt"]),
+                                  retry_after_s=retry_after_s)
+            ex["state"] = "retry_pending"
+            ex["retry_at_ms"] = ctx.now_ms + int(delay * 1000)
+            ex["lease_until_ms"] = None
+            self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
+            self._save_exec(ctx, ex, "execution.retry_scheduled")
+            return
+        ex["state"] = "failed"
+        self._finish(job, ex, ctx, "execution.failed")
+        ctx.effects.append(Emit(topic="dead-letters", name="kron.deadletter.DeadLetter",
+                                key=job["job_id"], record=self._failure_alert(job, ex, ctx)))
+
+    def _failure_alert(self, job: Record, ex: Record, ctx: Context) -> Record:
+        return {
+            "envelope": self._envelope(ctx, tenant=job["envelope"]["tenant"],
+                                       event_type="execution.failed_alert",
+                                       eid=event_id(ex["exec_id"], "alert"),
+                                       correlation=job["job_id"]),
+            "source_topic": "executions", "source_partition": -1, "source_offset": -1,
+            "key": ex["exec_id"].encode(), "value": None,
+            "error": f"execution failed after {ex['attempt']} attempt(s): {ex['last_error']}",
+            "error_class": "execution_failed",
+        }
+
+    def _finish(self, job: Record, ex: Record, ctx: Context, event_type: str) -> None:
+        """Terminal state; a queued slot (overlap=queue) starts now."""
+        ex["lease_until_ms"] = None
+        self._save_exec(ctx, ex, event_type)
+        _discard(job["running"], ex["exec_id"])
+        queued = job["queued_slot_ms"]
+        if queued is not None and not job["running"] and job["status"] != "deleted":
+            job["queued_slot_ms"] = None
+            self._start_execution(job, plan_of(job["spec"]), ctx,
+                                  ex_id=exec_id(job["job_id"], queued),
+                                  slot=Slot(scheduled_for_ms=queued, dst_outcome=None),
+                                  trigger="schedule")
+        if job["next_run_at_ms"] is None and not job["running"] and job["status"] == "active":
+            job["status"] = "completed"
+        self._save_job(ctx, job, "job.execution_finished")
+
+
+def _close_attempt(ex: Record, rep: Record, outcome: str) -> None:
+    last = ex["attempts"][-1]
+    last["finished_at_ms"] = rep.get("finished_at_ms")
+    last["outcome"] = outcome
+    last["status_code"] = rep.get("status_code")
+    last["error"] = rep.get("error")
+    if rep.get("started_at_ms"):
+        last["started_at_ms"] = rep["started_at_ms"]
+
+
+def _discard(items: list[str], item: str) -> None:
+    if item in items:
+        items.remove(item)
+
+
+def _past(kind: str) -> str:
+    return {
+        "UpdateJob": "updated", "PauseJob": "paused", "ResumeJob": "resumed",
+        "DeleteJob": "deleted", "TriggerJob": "triggered", "BackfillJob": "backfill_requested",
+    }[kind]
+

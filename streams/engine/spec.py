@@ -1,0 +1,126 @@
+"""A job's Avro spec, validated once into the domain's typed plan.
+
+The engine and the API share this so a command from another service and a request through
+HTTP are judged by the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from streams.domain.errors import InvalidPolicy, InvalidSchedule, PermanentError
+from streams.domain.policies import (
+    Backoff,
+    DstAmbiguous,
+    DstNonexistent,
+    DstPolicy,
+    MisfireKind,
+    MisfirePolicy,
+    Overlap,
+    RetryPolicy,
+)
+from streams.domain.schedule import OneOffSchedule, Schedule, parse_cron
+
+# Far enough for any real schedule, near enough that an epoch-ms typo (seconds vs ms) fails.
+MAX_TIME_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z
+MAX_JITTER_S = 3600.0
+MAX_LEASE_S = 86_400.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobPlan:
+    schedule: Schedule
+    retry: RetryPolicy
+    misfire: MisfirePolicy
+    dst: DstPolicy
+    overlap: Overlap
+    jitter_s: float
+    lease_s: float
+    start_at_ms: int | None
+    end_at_ms: int | None
+
+
+def _finite(value: float, field: str, lo: float, hi: float) -> float:
+    if not isinstance(value, int | float) or not math.isfinite(value) or not lo <= value <= hi:
+        raise InvalidPolicy(f"{field} must be a finite number in [{lo}, {hi}]", field=field)
+    return float(value)
+
+
+def _time(value: int | None, field: str) -> int | None:
+    if value is not None and not 0 <= value <= MAX_TIME_MS:
+        raise InvalidSchedule(f"{field} is outside years 1970..9999", field=field)
+    return value
+
+
+def branch(value: Any) -> Any:
+    """The record inside an Avro union: the codec decodes named unions as (name, record)."""
+    return value[1] if isinstance(value, tuple) else value
+
+
+def parse_schedule(raw: Any) -> Schedule:
+    raw = branch(raw)
+    if "expr" in raw:
+        return parse_cron(raw["expr"], raw.get("timezone") or "UTC")
+    run_at = _time(raw["run_at_ms"], "run_at")
+    assert run_at is not None
+    return OneOffSchedule(run_at_ms=run_at)
+
+
+def plan_of(spec: dict[str, Any]) -> JobPlan:
+    """Raises a PermanentError naming the field for anything a scheduler can't honour."""
+    try:
+        retry_raw = spec["retry"]
+        retry = RetryPolicy(
+            max_attempts=retry_raw["max_attempts"],
+            backoff=Backoff(retry_raw["backoff"]),
+            base_s=retry_raw["base_s"],
+            max_s=retry_raw["max_s"],
+        )
+        retry.validate()
+        mis = spec["misfire"]
+        misfire = MisfirePolicy(kind=MisfireKind(mis["kind"]), late_by_s=mis.get("late_by_s"),
+                                fire_all_cap=mis.get("fire_all_cap", 100))
+        misfire.validate()
+        dst = DstPolicy(nonexistent=DstNonexistent(spec["dst"]["nonexistent"]),
+                        ambiguous=DstAmbiguous(spec["dst"]["ambiguous"]))
+        plan = JobPlan(
+            schedule=parse_schedule(spec["schedule"]),
+            retry=retry,
+            misfire=misfire,
+            dst=dst,
+            overlap=Overlap(spec["overlap"]),
+            jitter_s=_finite(spec.get("jitter_s", 0.0), "jitter_s", 0, MAX_JITTER_S),
+            lease_s=_finite(spec.get("lease_s", 60.0), "lease_s", 1, MAX_LEASE_S),
+            start_at_ms=_time(spec.get("start_at_ms"), "start_at"),
+            end_at_ms=_time(spec.get("end_at_ms"), "end_at"),
+        )
+    except PermanentError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PermanentError(f"invalid job spec: {exc}", field=None) from exc
+    if plan.start_at_ms and plan.end_at_ms and plan.end_at_ms <= plan.start_at_ms:
+        raise InvalidSchedule("end_at must be after start_at", field="end_at")
+    _check_target(spec.get("target"))
+    return plan
+
+
+def _check_target(target: Any) -> None:
+    target = branch(target)
+    if not isinstance(target, dict):
+        raise PermanentError("target is required", field="target")
+    if "url" in target:
+        if not str(target["url"]).lower().startswith(("http://", "https://")):
+            raise PermanentError("target.url must be an http(s) URL", field="target.url")
+        _finite(target.get("timeout_s", 30.0), "target.timeout_s", 0.001, 3600)
+        for name, value in target.get("headers", {}).items():
+            if any(c in f"{name}{value}" for c in "\r\n\x00"):
+                raise PermanentError("header names and values can't hold CR, LF or NUL",
+                                     field=f"target.headers.{name}")
+    elif "argv" in target:
+        if not target["argv"]:
+            raise PermanentError("target.argv must not be empty", field="target.argv")
+        _finite(target.get("timeout_s", 300.0), "target.timeout_s", 0.001, 86_400)
+    elif "topic" not in target:
+        raise PermanentError("target must be http, kafka or command", field="target")

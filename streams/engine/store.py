@@ -1,0 +1,75 @@
+"""What the partition core needs from storage, and a real in-memory adapter.
+
+The Faust adapter (streams.engine.faust_store) backs the same interface with RocksDB tables
+whose changelogs are kron's compacted topics. The in-memory adapter is complete, not a mock:
+the property tests run the core against it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Protocol
+
+Record = dict[str, Any]
+
+
+class PartitionStore(Protocol):
+    """One partition's state. Every method is synchronous: the core never awaits."""
+
+    def job(self, job_id: str) -> Record | None: ...
+
+    def put_job(self, job: Record) -> None: ...
+
+    def execution(self, exec_id: str) -> Record | None: ...
+
+    def put_execution(self, execution: Record) -> None: ...
+
+    def put_timer(self, key: bytes, value: bytes) -> None: ...
+
+    def delete_timer(self, key: bytes) -> None: ...
+
+    def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """Timers whose key sorts below `upper`, in key (so due-time) order."""
+        ...
+
+
+class MemoryStore:
+    """A partition held in dicts plus a sorted key list for the time index."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Record] = {}
+        self.executions: dict[str, Record] = {}
+        self.timers: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+        # Every state write in order: the in-memory twin of the changelog topics.
+        self.log: list[tuple[str, Record]] = []
+
+    def job(self, job_id: str) -> Record | None:
+        return self.jobs.get(job_id)
+
+    def put_job(self, job: Record) -> None:
+        self.jobs[job["job_id"]] = job
+        self.log.append(("job", job))
+
+    def execution(self, exec_id: str) -> Record | None:
+        return self.executions.get(exec_id)
+
+    def put_execution(self, execution: Record) -> None:
+        self.executions[execution["exec_id"]] = execution
+        self.log.append(("execution", execution))
+
+    def put_timer(self, key: bytes, value: bytes) -> None:
+        if key not in self.timers:
+            bisect.insort(self._keys, key)
+        self.timers[key] = value
+
+    def delete_timer(self, key: bytes) -> None:
+        if self.timers.pop(key, None) is not None:
+            del self._keys[bisect.bisect_left(self._keys, key)]
+
+    def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        end = bisect.bisect_left(self._keys, upper)
+        return [(k, self.timers[k]) for k in self._keys[: min(end, limit)]]
+
+    def next_due_key(self) -> bytes | None:
+        return self._keys[0] if self._keys else None

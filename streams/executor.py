@@ -1,0 +1,195 @@
+"""The worker's asyncio executor pool: a per-tenant fair queue in front of N runners.
+
+The stream agent stays at concurrency=1 and never waits on a target; it hands attempts to
+this pool. Results go back as events to the execution's own partition, carrying the
+attempt's fencing token, so the partition owner decides whether they still count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from kron.clock import Clock
+from streams.breaker import CircuitBreaker
+from streams.domain.retry import ErrorClass
+from streams.engine.core import Dispatch
+from streams.targets import AttemptInfo, Outcome, Runner
+
+log = logging.getLogger("kron.executor")
+
+# report(partition, record_name, record) -> awaitable; sends to the partition's own signals.
+Reporter = Callable[[int, str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(kw_only=True, slots=True)
+class Job:
+    dispatch: Dispatch
+    partition: int
+    lease_deadline: float  # monotonic
+
+
+class FairQueue:
+    """Round-robin over tenants, so one tenant's midnight flood can't starve another."""
+
+    def __init__(self) -> None:
+        self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
+        self._ready = asyncio.Event()
+        self.size = 0
+
+    def put(self, tenant: str, item: Job) -> None:
+        self._queues.setdefault(tenant, deque()).append(item)
+        self.size += 1
+        self._ready.set()
+
+    async def get(self) -> Job:
+        while not self._queues:
+            self._ready.clear()
+            await self._ready.wait()
+        tenant, queue = next(iter(self._queues.items()))
+        item = queue.popleft()
+        self.size -= 1
+        del self._queues[tenant]
+        if queue:
+            self._queues[tenant] = queue  # back of the line: the next tenant goes first
+        return item
+
+
+class Executor:
+    def __init__(self, *, runners: dict[str, Runner], report: Reporter, clock: Clock,
+                 worker_id: str, concurrency: int = 256) -> None:
+        self._runners = runners
+        self._report = report
+        self._clock = clock
+        self._worker = worker_id
+        self._queue = FairQueue()
+        self._concurrency = concurrency
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: dict[str, asyncio.Task[Outcome]] = {}
+        self.breaker = CircuitBreaker(clock=clock)
+        self.completed = 0
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._concurrency)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def submit(self, dispatch: Dispatch, partition: int) -> None:
+        deadline = self._clock.monotonic() + dispatch.lease_s
+        self._queue.put(dispatch.tenant, Job(dispatch=dispatch, partition=partition,
+                                             lease_deadline=deadline))
+
+    def cancel(self, exec_id: str) -> None:
+        task = self._inflight.get(exec_id)
+        if task is not None:
+            task.cancel()
+
+    @property
+    def backlog(self) -> int:
+        return self._queue.size
+
+    async def _loop(self) -> None:
+        while True:
+            job = await self._queue.get()
+            try:
+                await self._run(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one attempt must not shrink the pool
+                log.exception("attempt crashed", extra={"exec_id": job.dispatch.exec_id})
+
+    async def _run(self, job: Job) -> None:
+        d = job.dispatch
+        if self._clock.monotonic() >= job.lease_deadline:
+            # The lease ran out while queued; the owner's lease timer retries it.
+            return
+        started = self._clock.now_ms()
+        target = d.target
+        host = (urlsplit(target["url"]).hostname or "") if "url" in target else ""
+        if host and not self.breaker.allow(host):
+            outcome = Outcome(ok=False, error_class=ErrorClass.TRANSIENT,
+                              error=f"circuit open for {host}: dispatch paused")
+        else:
+            outcome = await self._attempt(job, started)
+            if host:
+                opened = self.breaker.record(host, ok=outcome.ok or
+                                             outcome.error_class == ErrorClass.PERMANENT)
+                if opened is not None:
+                    await self._report(job.partition, "kron.engine.CircuitOpened", opened)
+        await self._report(job.partition, *self._result(d, outcome, started))
+        self.completed += 1
+
+    async def _attempt(self, job: Job, started_ms: int) -> Outcome:
+        d = job.dispatch
+        kind = "http" if "url" in d.target else "command" if "argv" in d.target else "kafka"
+        info = AttemptInfo(exec_id=d.exec_id, job_id=d.job_id,
+                           scheduled_for_iso=_iso(d.scheduled_for_ms), attempt=d.attempt,
+                           fencing_token=d.fencing_token, now_ms=started_ms)
+        task = asyncio.ensure_future(self._runners[kind].run(d.target, info))
+        self._inflight[d.exec_id] = task
+        beat = asyncio.ensure_future(self._heartbeat(job))
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if task.cancelled():
+                return Outcome(ok=False, error_class=ErrorClass.CANCELLED, error="cancelled")
+            raise
+        finally:
+            beat.cancel()
+            self._inflight.pop(d.exec_id, None)
+
+    async def _heartbeat(self, job: Job) -> None:
+        """Long attempts extend their lease at a third of its length."""
+        d = job.dispatch
+        while True:
+            await asyncio.sleep(d.lease_s / 3)
+            now = self._clock.now_ms()
+            job.lease_deadline = self._clock.monotonic() + d.lease_s
+            await self._report(job.partition, "kron.executions.ExecutionHeartbeat", {
+                **self._base(d, "execution.heartbeat", now),
+                "attempt": d.attempt, "fencing_token": d.fencing_token,
+                "lease_until_ms": now + int(d.lease_s * 1000),
+            })
+
+    def _base(self, d: Dispatch, event_type: str, now_ms: int) -> dict[str, Any]:
+        return {
+            "envelope": {
+                "event_id": f"{d.exec_id}:{d.attempt}:{event_type}:{now_ms}",
+                "event_type": event_type, "schema_version": 1, "occurred_at_ms": now_ms,
+                "tenant": d.tenant, "causation_id": d.exec_id, "correlation_id": d.job_id,
+                "producer": self._worker,
+            },
+            "exec_id": d.exec_id, "job_id": d.job_id, "scheduled_for_ms": d.scheduled_for_ms,
+            "owner_epoch": 0,
+        }
+
+    def _result(self, d: Dispatch, out: Outcome, started: int) -> tuple[str, dict[str, Any]]:
+        now = self._clock.now_ms()
+        common = {"attempt": d.attempt, "fencing_token": d.fencing_token,
+                  "started_at_ms": started, "finished_at_ms": now,
+                  "status_code": out.status_code}
+        if out.ok:
+            return "kron.executions.ExecutionSucceeded", {
+                **self._base(d, "execution.succeeded", now), **common,
+                "response_excerpt": out.excerpt}
+        assert out.error_class is not None
+        return "kron.executions.ExecutionFailed", {
+            **self._base(d, "execution.failed", now), **common,
+            "error_class": str(out.error_class), "error": out.error[:2000],
+            "final": False, "retry_after_s": out.retry_after_s}
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")

@@ -1,0 +1,60 @@
+"""Server-side request forgery guard: job targets may not reach private networks.
+
+Checked when a job is created and again at send time (DNS can change in between).
+Redirects are never followed, so a public URL can't bounce into a private one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from streams.domain.errors import PermanentError
+
+BLOCKED_HOSTNAMES = frozenset({"localhost", "metadata.google.internal", "metadata"})
+
+
+def _is_private(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
+            or ip.is_reserved or ip.is_unspecified)
+
+
+def parse_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """Any encoding a resolver accepts: dotted, decimal (2130706433), hex (0x7f.1), octal."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    try:
+        # inet_aton accepts the legacy forms ("127.1", "0x7f000001", "017700000001").
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PermanentError("target.url must be an absolute http(s) URL", field="target.url")
+    if allow_private:
+        return
+    host = parts.hostname.rstrip(".").lower()
+    if host in BLOCKED_HOSTNAMES or host.endswith(".localhost"):
+        raise PermanentError(f"target host {host!r} is private", field="target.url")
+    ip = parse_ip(host)
+    addresses = [ip] if ip is not None else (_resolve(host) if resolve else [])
+    for addr in addresses:
+        if _is_private(addr):
+            raise PermanentError(f"target host {host!r} resolves to a private address",
+                                 field="target.url")
+
+
+def _resolve(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return []
+    return [ipaddress.ip_address(info[4][0]) for info in infos]

@@ -1,0 +1,46 @@
+"""Test-wide fixtures. The integration fixtures start a REAL Kafka broker on free ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kron import localkafka
+from kron.settings import Settings
+from kron.topics import create_topics
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[localkafka.Cluster]:
+    """One single-node KRaft broker for the whole session, on free ports, then stopped."""
+    root = REPO / ".kron" / f"test-broker-{os.getpid()}"
+    shutil.rmtree(root, ignore_errors=True)
+    cluster = localkafka.Cluster.plan_free_ports(root=root, size=1)
+    localkafka.start(cluster)
+    try:
+        yield cluster
+    finally:
+        localkafka.stop(cluster)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def kafka_settings(kafka_cluster: localkafka.Cluster, tmp_path: Path) -> Settings:
+    """Settings with a topic prefix of its own, so tests never see each other's records."""
+    settings = Settings(
+        bootstrap_servers=kafka_cluster.bootstrap_servers,
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+        partitions=4,
+        data_dir=tmp_path / "data",
+        api_keys="acme=key-acme,globex=key-globex",
+        allow_private_targets=True,
+    )
+    create_topics(settings)
+    return settings

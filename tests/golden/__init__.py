@@ -1,0 +1,1 @@
+"""Golden encodings of every committed schema version; see make_golden.py."""

@@ -1,0 +1,51 @@
+"""The engine through the real path: Kafka broker, `kron worker` processes, HTTP on loopback."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from kron.settings import Settings
+from tests.support.receiver import Receiver
+from tests.support.stack import Commands, latest_executions, spec, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_one_off_job_calls_the_target_once_on_time(
+    kafka_settings: Settings, receiver: Receiver, commands: Commands, start_worker
+) -> None:
+    worker = start_worker()
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    # Warm-up: the worker's first assignment takes a few seconds; measure timing after it.
+    warm = f"warm-{uuid.uuid4().hex[:8]}"
+    commands.send("CreateJob", warm, spec=spec(target={"url": f"{receiver.url}/ok"},
+                                                run_at_ms=now_ms()))
+    assert receiver.wait_for(warm, 1, 60), worker.log()[-3000:]
+
+    run_at = now_ms() + 2000
+    commands.send("CreateJob", job_id, spec=spec(target={"url": f"{receiver.url}/ok"},
+                                                  run_at_ms=run_at))
+    hits = receiver.wait_for(job_id, 1, 15)
+    time.sleep(1.5)  # a second call would arrive in this window
+    hits = receiver.hits_for(job_id)
+    assert len(hits) == 1, hits
+    hit = hits[0]
+    assert run_at <= hit.received_ms <= run_at + 1000, hit.received_ms - run_at
+    states = wait_until(lambda: [e for e in latest_executions(kafka_settings, job_id).values()
+                                 if e["state"] == "succeeded"], 10)
+    assert len(states) == 1
+    exec_id = states[0]["exec_id"]
+    assert hit.headers["Idempotency-Key"] == exec_id
+    assert hit.headers["X-Kron-Job-Id"] == job_id
+    assert hit.headers["X-Kron-Attempt"] == "1"
+    assert hit.headers["X-Kron-Fencing-Token"] == "1"
+    sched = datetime.fromisoformat(hit.headers["X-Kron-Scheduled-For"])
+    assert int(sched.astimezone(UTC).timestamp() * 1000) == run_at

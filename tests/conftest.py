@@ -34,13 +34,18 @@ def kafka_cluster() -> Iterator[localkafka.Cluster]:
 @pytest.fixture
 def kafka_settings(kafka_cluster: localkafka.Cluster, tmp_path: Path) -> Settings:
     """Settings with a topic prefix of its own, so tests never see each other's records."""
+    return fresh_settings(kafka_cluster, tmp_path / "data")
+
+
+def fresh_settings(cluster: localkafka.Cluster, data_dir: Path, **overrides: object) -> Settings:
     settings = Settings(
-        bootstrap_servers=kafka_cluster.bootstrap_servers,
+        bootstrap_servers=cluster.bootstrap_servers,
         topic_prefix=f"t{uuid.uuid4().hex[:10]}",
         partitions=4,
-        data_dir=tmp_path / "data",
+        data_dir=data_dir,
         api_keys="acme=key-acme,globex=key-globex",
         allow_private_targets=True,
+        **overrides,  # type: ignore[arg-type]
     )
     create_topics(settings)
     return settings

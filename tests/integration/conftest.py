@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from kron.settings import Settings
+from tests.conftest import fresh_settings
 from tests.support.receiver import Receiver
-from tests.support.stack import Commands, WorkerProcess
+from tests.support.stack import Commands, WorkerProcess, spec
 
 
 @pytest.fixture
@@ -42,3 +46,30 @@ def start_worker(kafka_settings: Settings, tmp_path: Path, workers: list[WorkerP
         return w
 
     return start
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    receiver: Receiver
+    commands: Commands
+    worker: WorkerProcess
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_cluster, tmp_path_factory) -> Iterator[Stack]:
+    """One worker shared by a module's tests; each test uses job ids of its own."""
+    tmp = tmp_path_factory.mktemp("stack")
+    settings = fresh_settings(kafka_cluster, tmp / "data")
+    with Receiver() as receiver:
+        commands = Commands(settings)
+        worker = WorkerProcess(settings, "w1", tmp).start()
+        try:
+            warm = f"warm-{uuid.uuid4().hex[:8]}"
+            commands.send("CreateJob", warm, spec=spec(target={"url": f"{receiver.url}/ok"},
+                                                        run_at_ms=time.time_ns() // 1_000_000))
+            assert receiver.wait_for(warm, 1, 90), worker.log()[-3000:]
+            yield Stack(settings=settings, receiver=receiver, commands=commands, worker=worker)
+        finally:
+            worker.stop()
+            commands.close()

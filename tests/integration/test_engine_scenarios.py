@@ -1,0 +1,196 @@
+"""Engine behaviour through the real path, one shared worker process for the module."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+
+import pytest
+from confluent_kafka import Producer
+
+from replay.reader import read_topic
+from tests.support.stack import executions, latest_executions, spec, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_job() -> str:
+    return f"job-{uuid.uuid4().hex[:10]}"
+
+
+def sched_ms(hit) -> int:
+    return int(datetime.fromisoformat(hit.headers["X-Kron-Scheduled-For"]).timestamp() * 1000)
+
+
+def states_of(stack, job_id: str) -> dict[str, dict]:
+    return latest_executions(stack.settings, job_id)
+
+
+def test_cron_with_seconds_fires_consecutive_slots_once_each(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, cron="*/2 * * * * *"))
+    stack.receiver.wait_for(job_id, 5, 30)
+    stack.commands.send("DeleteJob", job_id)
+    time.sleep(3)
+    slots = sorted(sched_ms(h) for h in stack.receiver.hits_for(job_id))
+    assert len(slots) >= 5
+    assert len(set(slots)) == len(slots), "a slot was delivered twice"
+    assert all(b - a == 2000 for a, b in zip(slots, slots[1:], strict=False)), slots
+    recorded = sorted(e["scheduled_for_ms"] for e in states_of(stack, job_id).values())
+    assert recorded == slots
+
+
+def test_503_503_200_takes_three_attempts_with_capped_growing_backoff(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/status/503,503,200"}, run_at_ms=now_ms(),
+        retry={"max_attempts": 5, "base_s": 0.5, "max_s": 10.0}))
+    hits = stack.receiver.wait_for(job_id, 3, 30)
+    time.sleep(1)
+    hits = stack.receiver.hits_for(job_id)
+    assert [h.headers["X-Kron-Attempt"] for h in hits] == ["1", "2", "3"]
+    assert len({h.headers["Idempotency-Key"] for h in hits}) == 1
+    final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                if e["state"] == "succeeded"], 10)
+    assert final and final[0]["attempt"] == 3
+    history = [e for e in executions(stack.settings) if e["job_id"] == job_id
+               and e["state"] == "retry_pending"]
+    delays = [e["retry_at_ms"] - e["updated_at_ms"] for e in history]
+    caps = [500 * 2 ** (n - 1) for n in (1, 2)]
+    assert len(delays) == 2
+    assert all(0 <= d <= cap for d, cap in zip(delays, caps, strict=True)), (delays, caps)
+    gaps = [b.received_ms - a.received_ms for a, b in zip(hits, hits[1:], strict=False)]
+    assert all(g >= d for g, d in zip(gaps, delays, strict=True)), (gaps, delays)
+
+
+def test_400_is_not_retried_and_raises_an_alert(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/status/400"}, run_at_ms=now_ms()))
+    stack.receiver.wait_for(job_id, 1, 20)
+    final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                if e["state"] == "failed"], 15)
+    time.sleep(1)
+    assert len(stack.receiver.hits_for(job_id)) == 1
+    assert final and final[0]["attempt"] == 1 and final[0]["status_code"] == 400
+    alerts = [e for e in read_topic(stack.settings.bootstrap_servers,
+                                    stack.settings.topic("dead-letters"))
+              if e.record and e.record["error_class"] == "execution_failed"
+              and e.key == job_id.encode()]
+    assert len(alerts) == 1
+
+
+def test_hanging_target_times_out_and_is_retried(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/hang", "timeout_s": 1.0}, run_at_ms=now_ms(),
+        retry={"max_attempts": 2, "base_s": 0.1, "max_s": 0.5}))
+    final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                if e["state"] == "failed"], 30)
+    assert final, states_of(stack, job_id)
+    assert final[0]["attempt"] == 2
+    assert [a["outcome"] for a in final[0]["attempts"]] == ["timeout", "timeout"]
+    assert len(stack.receiver.hits_for(job_id)) == 2
+
+
+def test_pause_records_skipped_slots_and_resume_continues(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, cron="* * * * * *"))
+    stack.receiver.wait_for(job_id, 2, 20)
+    stack.commands.send("PauseJob", job_id)
+    time.sleep(3)
+    paused_hits = len(stack.receiver.hits_for(job_id))
+    time.sleep(2)
+    assert len(stack.receiver.hits_for(job_id)) <= paused_hits + 1  # one may be in flight
+    stack.commands.send("ResumeJob", job_id)
+    stack.receiver.wait_for(job_id, paused_hits + 2, 20)
+    stack.commands.send("DeleteJob", job_id)
+    time.sleep(2)
+    after_delete = len(stack.receiver.hits_for(job_id))
+    time.sleep(2)
+    assert len(stack.receiver.hits_for(job_id)) == after_delete, "delete did not stop the job"
+    states = sorted(states_of(stack, job_id).values(), key=lambda e: e["scheduled_for_ms"])
+    skipped = [e for e in states if e["state"] == "skipped"]
+    assert len(skipped) >= 3 and all(e["reason"] == "paused" for e in skipped)
+    # No lost slot: every second between the first and the last recorded slot has an outcome.
+    slots = [e["scheduled_for_ms"] for e in states]
+    assert slots == list(range(slots[0], slots[-1] + 1, 1000))
+
+
+def test_trigger_now_runs_one_extra_execution_with_its_own_id(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, cron="0 0 1 1 *"))
+    cmd = stack.commands.send("TriggerJob", job_id)
+    stack.commands.send("TriggerJob", job_id, command_id=cmd)  # a redelivery: no new run
+    stack.receiver.wait_for(job_id, 1, 20)
+    time.sleep(1.5)
+    hits = stack.receiver.hits_for(job_id)
+    assert len(hits) == 1
+    (state,) = states_of(stack, job_id).values()
+    assert state["trigger"] == "manual" and state["exec_id"] == hits[0].headers["Idempotency-Key"]
+
+
+def test_skip_if_running_records_skipped_slots(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/slow/3.5"}, cron="* * * * * *",
+        overlap="skip_if_running"))
+    time.sleep(6)
+    stack.commands.send("DeleteJob", job_id)
+    states = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                 if e["state"] == "skipped"], 10)
+    assert len(states) >= 2
+    assert all(e["reason"] == "overlap: running" for e in states)
+    running = [e for e in states_of(stack, job_id).values() if e["state"] != "skipped"]
+    hits = stack.receiver.hits_for(job_id)
+    assert len(hits) == len(running) <= 3
+
+
+def test_same_create_command_twice_makes_one_job(stack) -> None:
+    job_id = new_job()
+    s = spec(target={"url": f"{stack.receiver.url}/ok"}, run_at_ms=now_ms() + 500)
+    cmd = stack.commands.send("CreateJob", job_id, spec=s)
+    stack.commands.send("CreateJob", job_id, spec=s, command_id=cmd)
+    stack.receiver.wait_for(job_id, 1, 20)
+    time.sleep(1.5)
+    assert len(stack.receiver.hits_for(job_id)) == 1
+
+
+def test_poison_records_go_to_dead_letters_and_the_partition_moves_on(stack) -> None:
+    job_id = new_job()
+    producer = Producer({"bootstrap.servers": stack.settings.bootstrap_servers, "acks": "all"})
+    topic = stack.settings.topic("commands")
+    header = bytes.fromhex("c301") + b"\x00" * 8
+    poison = [b"garbage", header + b"\x01\x02", bytes.fromhex("c301") + b"\xaa" * 3]
+    for value in poison:
+        producer.produce(topic, key=job_id.encode(), value=value)
+    producer.flush(10)
+    # Well-formed but invalid: an unknown job, and a year-10000 run_at.
+    stack.commands.send("PauseJob", f"nope-{job_id}")
+    stack.commands.send("CreateJob", job_id + "-far", spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, run_at_ms=253_402_300_800_000 + 1))
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, run_at_ms=now_ms()))
+    assert stack.receiver.wait_for(job_id, 1, 20), "a valid command behind poison did not run"
+
+    def letters() -> list:
+        return [e.record for e in read_topic(stack.settings.bootstrap_servers,
+                                             stack.settings.topic("dead-letters"))
+                if e.record and e.record["source_topic"] == topic
+                and (e.key or b"").decode().endswith(job_id) or
+                (e.record and e.record["source_topic"] == topic
+                 and (e.key or b"").decode() in (f"nope-{job_id}", job_id + "-far"))]
+
+    found = wait_until(lambda: len(letters()) >= 5 and letters(), 15)
+    assert len(found) == 5, found
+    classes = sorted(r["error_class"] for r in found)
+    assert classes == ["decode", "decode", "decode", "validation", "validation"]
+    assert all(r["source_offset"] >= 0 and r["source_partition"] >= 0 for r in found)

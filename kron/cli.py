@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -30,7 +31,8 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def worker(
-    data_dir: Path | None = typer.Option(None, help="Local RocksDB state (KRON_DATA_DIR)."),
+    data_dir: Annotated[Path | None, typer.Option(help="Local RocksDB state (KRON_DATA_DIR).")]
+    = None,
 ) -> None:
     """Run a scheduler worker: owns partitions, fires timers and executes jobs.
 
@@ -38,17 +40,16 @@ def worker(
     """
     from streams.worker import run_worker
 
-    overrides = {"data_dir": data_dir} if data_dir else {}
     try:
-        run_worker(Settings(**overrides))
+        run_worker(Settings(data_dir=data_dir) if data_dir else Settings())
     except SetupError as exc:
         _fail(exc)
 
 
 @app.command()
 def api(
-    host: str | None = typer.Option(None, help="Listen address (KRON_API_HOST)."),
-    port: int | None = typer.Option(None, help="Listen port (KRON_API_PORT)."),
+    host: Annotated[str | None, typer.Option(help="Listen address (KRON_API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (KRON_API_PORT).")] = None,
 ) -> None:
     """Run the HTTP API (OpenAPI docs at /docs)."""
     from api.server import run_api
@@ -83,7 +84,7 @@ def topics_create() -> None:
 
 @dev_app.command("up")
 def dev_up(
-    nodes: int = typer.Option(1, help="Broker nodes: 1, or 3 for RF 3 / min ISR 2."),
+    nodes: Annotated[int, typer.Option(help="Broker nodes: 1, or 3 for RF 3 / min ISR 2.")] = 1,
 ) -> None:
     """Start broker, topics, a worker and the API in the foreground; Ctrl-C stops them all."""
     from kron.devstack import up

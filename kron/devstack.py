@@ -85,7 +85,7 @@ def up(*, nodes: int = 1) -> None:
         "KRON_API_KEYS": keys,
         "KRON_ALLOW_PRIVATE_TARGETS": "true",
     }
-    settings = Settings(**{"bootstrap_servers": cluster.bootstrap_servers})
+    settings = Settings(bootstrap_servers=cluster.bootstrap_servers)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         create_topics(settings.model_copy(update={
@@ -135,7 +135,7 @@ def _watch(procs: list[subprocess.Popen[bytes]]) -> None:
     while not stop:
         for proc in procs:
             if proc.poll() is not None:
-                print(f"kron: process {proc.args} exited with {proc.returncode}; stopping.")
+                print(f"kron: process {proc.pid} exited with {proc.returncode}; stopping.")
                 return
         time.sleep(0.5)
 

@@ -292,7 +292,7 @@ def start(cluster: Cluster, *, timeout_s: float = 90.0) -> None:
 
 def _spawn(node: Node) -> None:
     out = node.stdout_file.open("ab")
-    proc = subprocess.Popen(  # noqa: S603 - argv is built here, not from input
+    proc = subprocess.Popen(
         [*_java("kafka.Kafka", str(node.data_dir / "server.properties"))],
         stdout=out,
         stderr=subprocess.STDOUT,

@@ -44,9 +44,10 @@ def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> Iterat
                 raise TimeoutError(f"no record from {topic} within {timeout_s}s")
             if msg.error():
                 continue
-            yield _entry(msg)
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
+            entry = _entry(msg)
+            yield entry
+            if entry.offset + 1 >= ends.get(entry.partition, 0):
+                ends.pop(entry.partition, None)
     finally:
         consumer.close()
 

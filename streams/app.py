@@ -114,7 +114,7 @@ class Engine:
     async def _publish(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: dict[str, str]) -> None:
         fut = await self.app.producer.send(topic, key, value, None, None,
-                                           list(headers.items()))
+                                           [(k, v.encode()) for k, v in headers.items()])
         await fut
 
     async def _report(self, partition: int, name: str, record: dict[str, Any]) -> None:
@@ -124,7 +124,8 @@ class Engine:
     def epoch(self) -> int:
         """The consumer group generation: it only grows, so it fences older owners."""
         try:
-            return int(self.app.consumer._thread._consumer._coordinator.generation)
+            consumer: Any = self.app.consumer
+            return int(consumer._thread._consumer._coordinator.generation)
         except AttributeError:
             return 0
 

@@ -99,6 +99,8 @@ class CronSchedule:
     def __post_init__(self) -> None:
         if not isinstance(self.expr, str):
             raise InvalidSchedule("cron expression must be a string", field=CRON_FIELD)
+        if not isinstance(self.timezone, str):
+            raise InvalidSchedule("timezone must be a string", field=TIMEZONE_FIELD)
         # Compiled once here (and memoised per expression) so next_slot stays cheap.
         object.__setattr__(self, "_spec", compile_cron(self.expr))
         object.__setattr__(self, "_tz", _zone(self.timezone))
@@ -223,11 +225,33 @@ def _next_cron_slot(spec: CronSpec, tz: ZoneInfo, t0: int, dst: DstPolicy) -> Sl
                 or (inst == best_ms and best_outcome is DstOutcome.SHIFTED_FORWARD)
             ):
                 best_ms, best_outcome, found = inst, outcome, True
+        if off0 < off1:
+            local = _skip_rest_of_gap(tz, local, off0, off1, t0, dst)
         # Outside gaps, local - off0 never decreases along the local times, and it bounds
         # every instant of every later local time from below.
-        if found and off0 >= off1 and local - off0 >= best_ms:
+        elif found and local - off0 >= best_ms:
             break
     return Slot(scheduled_for_ms=best_ms, dst_outcome=best_outcome) if found else None
+
+
+def _skip_rest_of_gap(
+    tz: ZoneInfo, local: int, off0: int, off1: int, t0: int, dst: DstPolicy
+) -> int:
+    """Where to resume after visiting ``local`` inside a gap.
+
+    Later times in the same gap are either skipped or shift to later instants than this
+    one, so only the first that shifts past t0 matters; walking a one-hour gap second by
+    second would cost thousands of iterations for a ``* * * * * *`` schedule.
+    """
+    # The transition instant lies in (local - off1, local - off0]; find it to the second.
+    lo, hi = (local - off1) // 1000, (local - off0) // 1000
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _offset_at(tz, mid * 1000) == off1 else (mid, hi)
+    resume = hi * 1000 + off1 - 1  # just before the first local time after the gap
+    if dst.nonexistent is DstNonexistent.SHIFT_FORWARD and local - off0 <= t0:
+        resume = min(resume, t0 + off0)  # first gap time whose shifted instant is past t0
+    return max(resume, local)
 
 
 def preview(schedule: Schedule, *, after_ms: int, dst: DstPolicy, count: int = 5) -> list[Slot]:

@@ -24,11 +24,25 @@ def partition_db(table: Any, partition: int) -> Any:
 
 def first_timer_key(table: Any, partition: int) -> bytes | None:
     """The earliest timer of a partition, or None. Cheap: one seek."""
-    db = partition_db(table, partition)
-    for key in db.keys():
-        if key != FAUST_OFFSET_KEY:
-            return bytes(key)
+    for key, _ in scan(table, partition, limit=1):
+        return key
     return None
+
+
+def scan(table: Any, partition: int, *, upper: bytes | None = None,
+         limit: int) -> list[tuple[bytes, bytes]]:
+    """Ordered (key, value) pairs from the start of the partition's DB, below `upper`."""
+    it = partition_db(table, partition).iter()
+    it.seek_to_first()
+    out: list[tuple[bytes, bytes]] = []
+    while it.valid() and len(out) < limit:
+        key = bytes(it.key())
+        if upper is not None and key >= upper:
+            break
+        if key != FAUST_OFFSET_KEY:
+            out.append((key, bytes(it.value())))
+        it.next()
+    return out
 
 
 class TableStore:
@@ -66,12 +80,4 @@ class TableStore:
             del self._timers[key]
 
     def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
-        db = partition_db(self._timers, self._partition)
-        out: list[tuple[bytes, bytes]] = []
-        for key, value in db.items():
-            if key == FAUST_OFFSET_KEY:
-                continue
-            if key >= upper or len(out) >= limit:
-                break
-            out.append((bytes(key), bytes(value)))
-        return out
+        return scan(self._timers, self._partition, upper=upper, limit=limit)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from datetime import datetime
@@ -41,7 +42,7 @@ def test_cron_with_seconds_fires_consecutive_slots_once_each(stack) -> None:
     slots = sorted(sched_ms(h) for h in stack.receiver.hits_for(job_id))
     assert len(slots) >= 5
     assert len(set(slots)) == len(slots), "a slot was delivered twice"
-    assert all(b - a == 2000 for a, b in zip(slots, slots[1:], strict=False)), slots
+    assert all(b - a == 2000 for a, b in itertools.pairwise(slots)), slots
     recorded = sorted(e["scheduled_for_ms"] for e in states_of(stack, job_id).values())
     assert recorded == slots
 
@@ -65,7 +66,7 @@ def test_503_503_200_takes_three_attempts_with_capped_growing_backoff(stack) -> 
     caps = [500 * 2 ** (n - 1) for n in (1, 2)]
     assert len(delays) == 2
     assert all(0 <= d <= cap for d, cap in zip(delays, caps, strict=True)), (delays, caps)
-    gaps = [b.received_ms - a.received_ms for a, b in zip(hits, hits[1:], strict=False)]
+    gaps = [b.received_ms - a.received_ms for a, b in itertools.pairwise(hits)]
     assert all(g >= d for g, d in zip(gaps, delays, strict=True)), (gaps, delays)
 
 
@@ -184,8 +185,8 @@ def test_poison_records_go_to_dead_letters_and_the_partition_moves_on(stack) -> 
     def letters() -> list:
         return [e.record for e in read_topic(stack.settings.bootstrap_servers,
                                              stack.settings.topic("dead-letters"))
-                if e.record and e.record["source_topic"] == topic
-                and (e.key or b"").decode().endswith(job_id) or
+                if (e.record and e.record["source_topic"] == topic
+                and (e.key or b"").decode().endswith(job_id)) or
                 (e.record and e.record["source_topic"] == topic
                  and (e.key or b"").decode() in (f"nope-{job_id}", job_id + "-far"))]
 

@@ -6,6 +6,7 @@ Paths choose the behaviour:
   /slow/<seconds>         sleeps, then 200
   /hang                   sleeps 60 s (longer than any test's timeout_s)
   /retry-after/<seconds>  429 with Retry-After once per key, then 200
+  /hold-first/<seconds>   holds the first request per key that long, answers others at once
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 receiver._handle(self)
 
-            do_GET = do_POST  # noqa: N815
+            do_GET = do_POST
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -71,6 +72,8 @@ class Receiver:
             return 200, float(parts[1]), {}
         if parts[0] == "hang":
             return 200, 60.0, {}
+        if parts[0] == "hold-first":
+            return 200, (float(parts[1]) if n == 0 else 0.0), {}
         if parts[0] == "retry-after":
             return (429, 0.0, {"Retry-After": parts[1]}) if n == 0 else (200, 0.0, {})
         return 200, 0.0, {}

@@ -1,14 +1,28 @@
-"""The API process: builds its objects from Settings, then serves with uvicorn."""
+"""The API process. `create_app(settings)` builds everything; nothing is built at import."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.auth import Authenticator, RateLimiter
+from api.problems import Problem, on_http, on_problem, on_validation
+from api.projection import Projector, Views
+from api.publisher import CommandPublisher
+from api.routes import Service, body_schemas, build_router
+from kron.clock import Clock, SystemClock
 from kron.settings import Settings
 from kron.topics import admin_client
 
@@ -30,22 +44,83 @@ class BrokerProbe:
         return {"ok": True, "brokers": len(md.brokers), "commands_topic": self._topic in md.topics}
 
 
-def create_app(settings: Settings) -> FastAPI:
-    app = FastAPI(title="kron", version="0.1.0",
-                  description="Schedule jobs once or on cron; read their runs.")
-    probe = BrokerProbe(settings)
+@dataclass
+class Components:
+    settings: Settings
+    views: Views
+    projector: Projector
+    publisher: CommandPublisher
+    probe: BrokerProbe
+
+
+def build_components(settings: Settings, views_dir: Path | None = None) -> Components:
+    views = Views(views_dir or settings.data_dir / "api-views")
+    return Components(settings=settings, views=views, projector=Projector(settings, views),
+                      publisher=CommandPublisher(settings), probe=BrokerProbe(settings))
+
+
+def create_app(settings: Settings, *, components: Components | None = None,
+               clock: Clock | None = None) -> FastAPI:
+    parts = components or build_components(settings)
+    clock = clock or SystemClock()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        parts.projector.start()
+        try:
+            yield
+        finally:
+            parts.projector.stop()
+            parts.publisher.close()
+            parts.views.close()
+
+    app = FastAPI(
+        title="kron", version="0.1.0", lifespan=lifespan,
+        description="Schedule jobs once or on cron; read their runs. Authenticate with "
+                    "`Authorization: Bearer <key>` or `X-API-Key: <key>`.",
+    )
+    app.add_exception_handler(Problem, on_problem)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+
+    service = Service(settings=settings, views=parts.views, projector=parts.projector,
+                      publisher=parts.publisher, clock=clock,
+                      auth=Authenticator(settings.tenant_keys),
+                      limiter=RateLimiter(clock=clock, rate_per_s=settings.tenant_rate_per_s,
+                                          burst=settings.tenant_burst))
+    app.include_router(build_router(service))
+    _document_bodies(app)
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> JSONResponse:
-        broker = await asyncio.to_thread(probe.check)
+        broker = await asyncio.to_thread(parts.probe.check)
         status = 200 if broker["ok"] else 503
         return JSONResponse({"status": "ok" if status == 200 else "degraded",
                              "broker": broker}, status_code=status)
 
+    @app.get("/readyz", tags=["ops"])
+    async def readyz() -> JSONResponse:
+        ready = parts.projector.caught_up
+        return JSONResponse({"ready": ready, "projected_records": parts.projector.applied},
+                            status_code=200 if ready else 503)
+
     return app
 
 
+def _document_bodies(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(
+                body_schemas())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def run_api(settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level, format="%(message)s")
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(message)s")
     uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port,
-                log_level=settings.log_level.lower())
+                log_level=settings.log_level.lower(), access_log=False)

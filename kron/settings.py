@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     # Comma-separated tenant=key pairs. Keys are secrets: never logged, never echoed.
     api_keys: str = Field(default="", repr=False)
     allow_private_targets: bool = False
+    # Per-tenant limits: a token bucket on writes, and a cap on jobs that aren't finished.
+    tenant_rate_per_s: float = Field(default=200.0, gt=0)
+    tenant_burst: int = Field(default=400, ge=1)
+    tenant_max_active_jobs: int = Field(default=100_000, ge=1)
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # Worker
     worker_id: str = Field(default_factory=_default_worker_id)
     log_level: str = "INFO"

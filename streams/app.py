@@ -69,7 +69,11 @@ class Engine:
         self.executions = table("executions")
         self.timers = table("timers")
         self.ticker = Ticker(engine=self)
-        self.executor: Executor | None = None
+        # Built now, started with the app: a dispatch may arrive before the start-up task.
+        self.executor = Executor(
+            runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
+                     "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
+            report=self._report, clock=self.clock, worker_id=settings.worker_id)
         self.app.agent(self.app.topic(settings.topic("commands"), settings.topic("signals"),
                                       **RAW),
                        name="kron-engine", concurrency=1)(self._agent)
@@ -102,11 +106,6 @@ class Engine:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def _on_start(self) -> None:
-        http = HttpRunner(allow_private=self.settings.allow_private_targets)
-        self.executor = Executor(
-            runners={"http": http, "command": CommandRunner(),
-                     "kafka": KafkaRunner(self._publish)},
-            report=self._report, clock=self.clock, worker_id=self.settings.worker_id)
         self.executor.start()
         self.ticker.start()
         log.info("engine started", extra={"worker": self.settings.worker_id})
@@ -162,7 +161,10 @@ class Engine:
             self.stats.ticks += 1
             ctx.now_ms = rec["now_ms"]
             effects, more = core.on_tick(ctx)
-            self.ticker.ticked(partition, more=more)
+            try:
+                self.ticker.ticked(partition, more=more)
+            except Exception:  # the ticker's rescan catches up; the tick's writes stand
+                log.exception("ticker bookkeeping failed")
             return effects
         if name in REPORTS:
             self.stats.reports += 1
@@ -174,11 +176,9 @@ class Engine:
     async def _apply(self, effects: list[Any], partition: int) -> None:
         for effect in effects:
             if isinstance(effect, Dispatch):
-                assert self.executor is not None
                 self.executor.submit(effect, partition)
                 self.stats.dispatched += 1
             elif isinstance(effect, Cancel):
-                assert self.executor is not None
                 self.executor.cancel(effect.exec_id)
             elif isinstance(effect, Emit):
                 await self.app.topic(self.settings.topic(effect.topic), **RAW).send(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,9 @@ def kafka_cluster() -> Iterator[localkafka.Cluster]:
     root = REPO / ".kron" / f"test-broker-{os.getpid()}"
     shutil.rmtree(root, ignore_errors=True)
     cluster = localkafka.Cluster.plan_free_ports(root=root, size=1)
+    # A SIGTERM (CI timeout, Ctrl-C from make) unwinds through the finalizers below, so the
+    # broker never outlives the test run.
+    signal.signal(signal.SIGTERM, lambda *_: pytest.exit("terminated", returncode=143))
     localkafka.start(cluster)
     try:
         yield cluster

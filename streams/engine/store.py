@@ -8,6 +8,7 @@ the property tests run the core against it.
 from __future__ import annotations
 
 import bisect
+import copy
 from typing import Any, Protocol
 
 Record = dict[str, Any]
@@ -34,7 +35,11 @@ class PartitionStore(Protocol):
 
 
 class MemoryStore:
-    """A partition held in dicts plus a sorted key list for the time index."""
+    """A partition held in dicts plus a sorted key list for the time index.
+
+    Records are copied in and out, as serialisation does for the real tables, so a caller
+    that mutates a record without saving it changes nothing here either.
+    """
 
     def __init__(self) -> None:
         self.jobs: dict[str, Record] = {}
@@ -45,18 +50,20 @@ class MemoryStore:
         self.log: list[tuple[str, Record]] = []
 
     def job(self, job_id: str) -> Record | None:
-        return self.jobs.get(job_id)
+        job = self.jobs.get(job_id)
+        return None if job is None else copy.deepcopy(job)
 
     def put_job(self, job: Record) -> None:
-        self.jobs[job["job_id"]] = job
-        self.log.append(("job", job))
+        self.jobs[job["job_id"]] = copy.deepcopy(job)
+        self.log.append(("job", copy.deepcopy(job)))
 
     def execution(self, exec_id: str) -> Record | None:
-        return self.executions.get(exec_id)
+        ex = self.executions.get(exec_id)
+        return None if ex is None else copy.deepcopy(ex)
 
     def put_execution(self, execution: Record) -> None:
-        self.executions[execution["exec_id"]] = execution
-        self.log.append(("execution", execution))
+        self.executions[execution["exec_id"]] = copy.deepcopy(execution)
+        self.log.append(("execution", copy.deepcopy(execution)))
 
     def put_timer(self, key: bytes, value: bytes) -> None:
         if key not in self.timers:

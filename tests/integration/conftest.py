@@ -6,12 +6,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kron.settings import Settings
 from tests.conftest import fresh_settings
 from tests.support.receiver import Receiver
-from tests.support.stack import Commands, WorkerProcess, spec
+from kron.localkafka import free_ports
+from tests.support.stack import ApiProcess, Commands, WorkerProcess, spec
 
 
 @pytest.fixture
@@ -73,3 +75,30 @@ def stack(kafka_cluster, tmp_path_factory) -> Iterator[Stack]:
         finally:
             worker.stop()
             commands.close()
+
+
+@dataclass
+class ApiStack:
+    settings: Settings
+    receiver: Receiver
+    worker: WorkerProcess
+    api: ApiProcess
+
+    def client(self, key: str = "key-acme") -> httpx.Client:
+        return httpx.Client(base_url=self.api.url, headers={"X-API-Key": key}, timeout=20)
+
+
+@pytest.fixture(scope="module")
+def api_stack(kafka_cluster, tmp_path_factory) -> Iterator[ApiStack]:
+    """Broker + a worker + the API as real processes, and a loopback HTTP target."""
+    tmp = tmp_path_factory.mktemp("api")
+    settings = fresh_settings(kafka_cluster, tmp / "data", tenant_burst=1000)
+    with Receiver() as receiver:
+        worker = WorkerProcess(settings, "w1", tmp).start()
+        api = ApiProcess(settings, tmp, free_ports(1)[0])
+        try:
+            api.start()
+            yield ApiStack(settings=settings, receiver=receiver, worker=worker, api=api)
+        finally:
+            api.stop()
+            worker.stop()

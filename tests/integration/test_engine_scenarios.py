@@ -195,3 +195,90 @@ def test_poison_records_go_to_dead_letters_and_the_partition_moves_on(stack) -> 
     classes = sorted(r["error_class"] for r in found)
     assert classes == ["decode", "decode", "decode", "validation", "validation"]
     assert all(r["source_offset"] >= 0 and r["source_partition"] >= 0 for r in found)
+
+
+def test_long_attempt_heartbeats_past_its_lease(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/slow/5", "timeout_s": 30.0},
+        run_at_ms=now_ms(), lease_s=2.0))
+    final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                if e["state"] == "succeeded"], 30)
+    assert final and final[0]["attempt"] == 1, states_of(stack, job_id)
+    assert len(stack.receiver.hits_for(job_id)) == 1
+    beats = [e for e in executions(stack.settings) if e["job_id"] == job_id
+             and e["envelope"]["event_type"] == "execution.heartbeat"]
+    assert len(beats) >= 3  # 5 s of work with a 2 s lease, a beat every 0.67 s
+
+
+def test_command_target_runs_a_subprocess_with_the_execution_env(stack, tmp_path) -> None:
+    job_id = new_job()
+    out = tmp_path / "out.txt"
+    argv = ["/bin/sh", "-c", f'echo "$KRON_EXEC_ID $KRON_ATTEMPT" >> {out}']
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"argv": argv, "env": {}, "cwd": None, "timeout_s": 10.0, "image": None},
+        run_at_ms=now_ms()))
+    final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                if e["state"] == "succeeded"], 20)
+    assert final, states_of(stack, job_id)
+    assert out.read_text().split() == [final[0]["exec_id"], "1"]
+
+
+def test_failing_command_is_retried_then_fails(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"argv": ["/bin/sh", "-c", "exit 3"], "env": {}, "cwd": None,
+                "timeout_s": 10.0, "image": None},
+        run_at_ms=now_ms(), retry={"max_attempts": 2, "base_s": 0.1, "max_s": 0.2}))
+    final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                if e["state"] == "failed"], 20)
+    assert final and final[0]["attempt"] == 2
+    assert final[0]["last_error"] == "command exited with 3"
+
+
+def test_kafka_target_publishes_with_the_idempotency_key(stack) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    from kron.topics import admin_client
+
+    job_id = new_job()
+    topic = stack.settings.topic("user-events")
+    admin = admin_client(stack.settings)  # kept alive until the future resolves
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"topic": topic, "key": b"k1", "value": b"hello", "headers": {"x": "y"}},
+        run_at_ms=now_ms()))
+    final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
+                                if e["state"] == "succeeded"], 20)
+    assert final, states_of(stack, job_id)
+    (msg,) = list(read_topic(stack.settings.bootstrap_servers, topic))
+    assert msg.key == b"k1"
+
+
+def test_backfill_creates_past_slots_once(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, cron="* * * * *"))
+    start = (now_ms() // 60_000 - 5) * 60_000
+    for _ in range(2):  # the second backfill must create nothing new
+        stack.commands.send("BackfillJob", job_id, from_ms=start, to_ms=start + 4 * 60_000,
+                            max_per_s=50.0)
+    backfilled = wait_until(lambda: len([e for e in states_of(stack, job_id).values()
+                                         if e["trigger"] == "backfill"
+                                         and e["state"] == "succeeded"]) >= 5, 20)
+    assert backfilled
+    time.sleep(1)
+    slots = sorted(sched_ms(h) for h in stack.receiver.hits_for(job_id))
+    assert slots == [start + i * 60_000 for i in range(5)]
+
+
+def test_update_recomputes_the_next_occurrence(stack) -> None:
+    job_id = new_job()
+    stack.commands.send("CreateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, cron="0 0 1 1 *"))
+    time.sleep(1)
+    assert not stack.receiver.hits_for(job_id)
+    stack.commands.send("UpdateJob", job_id, spec=spec(
+        target={"url": f"{stack.receiver.url}/ok"}, cron="* * * * * *"))
+    assert len(stack.receiver.wait_for(job_id, 2, 20)) >= 2
+    stack.commands.send("DeleteJob", job_id)

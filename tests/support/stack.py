@@ -143,3 +143,61 @@ def wait_until(predicate: Any, timeout_s: float, interval_s: float = 0.2) -> Any
             return value
         time.sleep(interval_s)
     return predicate()
+
+
+class ApiProcess:
+    """`kron api` as a real process on a free loopback port."""
+
+    def __init__(self, settings: Settings, log_dir: Path, port: int) -> None:
+        self.port = port
+        self.log_path = log_dir / "api.log"
+        self.env = {
+            **os.environ,
+            "KRON_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "KRON_TOPIC_PREFIX": settings.topic_prefix,
+            "KRON_PARTITIONS": str(settings.partitions),
+            "KRON_DATA_DIR": str(log_dir / "api-state"),
+            "KRON_API_KEYS": settings.api_keys,
+            "KRON_API_PORT": str(port),
+            "KRON_ALLOW_PRIVATE_TARGETS": "true" if settings.allow_private_targets else "false",
+            "KRON_TENANT_RATE_PER_S": str(settings.tenant_rate_per_s),
+            "KRON_TENANT_BURST": str(settings.tenant_burst),
+            "KRON_TENANT_MAX_ACTIVE_JOBS": str(settings.tenant_max_active_jobs),
+            "PYTHONPATH": str(REPO),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ApiProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kron", "api"], env=self.env,
+                                     stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        log.close()
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kron api exited: {self.log()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"kron api not ready: {self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,293 @@
+"""The query side: a projector folds kron.jobs and kron.executions into rocksdict views.
+
+Views (one rocksdict, prefixes keep them apart, values are JSON):
+  j/<job_id>                         job status and definition
+  t/<tenant>/<job_id>                the tenant's job index (cursor pagination by job_id)
+  r/<job_id>/<inverted ms>/<exec_id> run history, newest scheduled_for first
+  e/<exec_id>                        one execution with its attempts
+  c/<tenant>/<state>                 executions per state
+  o/<topic>/<partition>              the next offset to read: the projector's own offsets
+
+Each record's view changes and its offset go into one write batch, so a restart resumes
+exactly where the views stopped. Rebuilding from offset 0 yields the same views.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from rocksdict import Options, Rdict, WriteBatch
+
+from kron.settings import Settings
+from schemas import codec
+from schemas.errors import DecodeError
+
+log = logging.getLogger("kron.projection")
+
+INVERT = (1 << 63) - 1
+
+
+def jsonable(value: Any) -> Any:
+    """Avro records as JSON: named unions become {"type": ..., ...}; bytes become text."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+        return {"type": value[0].rsplit(".", 1)[-1], **jsonable(value[1])}
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode()}
+    return value
+
+
+def _k(*parts: str) -> bytes:
+    return "/".join(parts).encode()
+
+
+def run_key(job_id: str, scheduled_for_ms: int, exec_id: str) -> bytes:
+    return _k("r", job_id, f"{INVERT - scheduled_for_ms:019d}", exec_id)
+
+
+class Views:
+    """Reads and writes the view store. Writers use a batch; readers use plain gets."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = Rdict(str(path), Options(raw_mode=True))
+
+    def close(self) -> None:
+        self.db.close()
+
+    def get(self, key: bytes) -> Any:
+        raw = self.db.get(key)
+        return None if raw is None else orjson.loads(raw)
+
+    def prefix(self, prefix: bytes, *, start: bytes | None = None) -> Iterator[tuple[bytes, Any]]:
+        it = self.db.iter()
+        it.seek(start or prefix)
+        while it.valid():
+            key = bytes(it.key())
+            if not key.startswith(prefix):
+                return
+            yield key, orjson.loads(bytes(it.value()))
+            it.next()
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        return self.get(_k("j", job_id))  # type: ignore[no-any-return]
+
+    def execution(self, exec_id: str) -> dict[str, Any] | None:
+        return self.get(_k("e", exec_id))  # type: ignore[no-any-return]
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        out = {}
+        for key, value in self.prefix(b"o/"):
+            _, topic, partition = key.decode().rsplit("/", 2)
+            out[(topic, int(partition))] = int(value)
+        return out
+
+    def dump(self) -> dict[bytes, bytes]:
+        """Every view entry but the offsets: what a rebuild must reproduce."""
+        it = self.db.iter()
+        it.seek_to_first()
+        out = {}
+        while it.valid():
+            key = bytes(it.key())
+            if not key.startswith(b"o/"):
+                out[key] = bytes(it.value())
+            it.next()
+        return out
+
+
+class Batch:
+    """Writes of one record, read-through so a record sees its own earlier writes."""
+
+    def __init__(self, views: Views) -> None:
+        self.views = views
+        self.wb = WriteBatch(raw_mode=True)
+        self.pending: dict[bytes, bytes | None] = {}
+
+    def get(self, key: bytes) -> Any:
+        if key in self.pending:
+            raw = self.pending[key]
+            return None if raw is None else orjson.loads(raw)
+        return self.views.get(key)
+
+    def put(self, key: bytes, value: Any) -> None:
+        raw = orjson.dumps(value)
+        self.pending[key] = raw
+        self.wb.put(key, raw)
+
+    def delete(self, key: bytes) -> None:
+        self.pending[key] = None
+        self.wb.delete(key)
+
+    def commit(self) -> None:
+        self.views.db.write(self.wb)
+
+
+def apply_job(batch: Batch, rec: dict[str, Any]) -> None:
+    tenant = rec["envelope"]["tenant"]
+    job_id = rec["job_id"]
+    old = batch.get(_k("j", job_id)) or {}
+    view = {
+        "job_id": job_id, "tenant": tenant, "version": rec["version"],
+        "status": rec["status"], "spec": jsonable(rec["spec"]),
+        "created_at_ms": rec["created_at_ms"], "updated_at_ms": rec["updated_at_ms"],
+        "next_run_at_ms": rec["next_run_at_ms"], "cursor_ms": rec["cursor_ms"],
+        "idempotency_key": rec["idempotency_key"],
+        "applied_command_ids": rec["applied_command_ids"],
+        "last_run": old.get("last_run"),
+    }
+    batch.put(_k("j", job_id), view)
+    batch.put(_k("t", tenant, job_id), {"status": view["status"],
+                                         "name": rec["spec"]["name"]})
+
+
+def apply_execution(batch: Batch, rec: dict[str, Any]) -> None:
+    tenant = rec["envelope"]["tenant"]
+    exec_id = rec["exec_id"]
+    old = batch.get(_k("e", exec_id))
+    view = jsonable({k: v for k, v in rec.items() if k != "envelope"})
+    view["tenant"] = tenant
+    view["event_type"] = rec["envelope"]["event_type"]
+    started = [a["started_at_ms"] for a in rec["attempts"]]
+    view["started_at_ms"] = started[0] if started else None
+    view["finished_at_ms"] = (rec["attempts"][-1]["finished_at_ms"]
+                              if rec["state"] in ("succeeded", "failed", "cancelled")
+                              and rec["attempts"] else None)
+    view["lateness_ms"] = (view["started_at_ms"] - rec["scheduled_for_ms"]
+                           if started else None)
+    batch.put(_k("e", exec_id), view)
+    batch.put(run_key(rec["job_id"], rec["scheduled_for_ms"], exec_id), {"state": rec["state"]})
+    old_state = old["state"] if old else None
+    if old_state != rec["state"]:
+        if old_state is not None:
+            _count(batch, tenant, old_state, -1)
+        _count(batch, tenant, rec["state"], +1)
+    job = batch.get(_k("j", rec["job_id"]))
+    if job is not None and rec["trigger"] != "backfill":
+        last = job.get("last_run")
+        if last is None or last["scheduled_for_ms"] <= rec["scheduled_for_ms"]:
+            job["last_run"] = {"exec_id": exec_id, "state": rec["state"],
+                               "scheduled_for_ms": rec["scheduled_for_ms"]}
+            batch.put(_k("j", rec["job_id"]), job)
+
+
+def _count(batch: Batch, tenant: str, state: str, delta: int) -> None:
+    key = _k("c", tenant, state)
+    batch.put(key, (batch.get(key) or 0) + delta)
+
+
+class Projector:
+    """A thread that keeps the views current and tells waiters how far it got."""
+
+    def __init__(self, settings: Settings, views: Views) -> None:
+        self.settings = settings
+        self.views = views
+        self.topics = {settings.topic("jobs"): apply_job,
+                       settings.topic("executions"): apply_execution}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.applied = 0
+        self.caught_up = False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kron-projector", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _consumer(self) -> Consumer:
+        consumer = Consumer({
+            "bootstrap.servers": self.settings.bootstrap_servers,
+            "group.id": f"kron-projector-{uuid.uuid4().hex}",  # offsets live in the views
+            "enable.auto.commit": False, "log_level": 3, "fetch.wait.max.ms": 50,
+        })
+        stored = self.views.offsets()
+        assignment = []
+        for topic in self.topics:
+            md = consumer.list_topics(topic, timeout=30).topics[topic]
+            for p in md.partitions:
+                assignment.append(TopicPartition(topic, p, stored.get((topic, p),
+                                                                      OFFSET_BEGINNING)))
+        consumer.assign(assignment)
+        return consumer
+
+    def _run(self) -> None:
+        consumer = None
+        while not self._stop.is_set():
+            try:
+                consumer = consumer or self._consumer()
+                self._poll(consumer)
+            except Exception:  # the broker may be down; keep trying, never die
+                log.exception("projector error; retrying")
+                time.sleep(1)
+        if consumer is not None:
+            consumer.close()
+
+    def _poll(self, consumer: Consumer) -> None:
+        msgs = consumer.consume(500, 0.2)
+        if not msgs:
+            self.caught_up = True
+            return
+        for msg in msgs:
+            if msg.error():
+                continue
+            self.apply(msg.topic(), msg.partition(), msg.offset(), msg.value())
+        with self._cond:
+            self._cond.notify_all()
+
+    def apply(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+        batch = Batch(self.views)
+        if value is not None:
+            try:
+                decoded = codec.decode(value)
+                self.topics[topic](batch, decoded.record)
+            except (DecodeError, KeyError, TypeError) as exc:
+                log.warning("projection skipped %s[%s]@%s: %s", topic, partition, offset, exc)
+        batch.put(_k("o", topic, str(partition)), offset + 1)
+        batch.commit()
+        self.applied += 1
+
+    def wait_for(self, predicate: Any, timeout_s: float) -> bool:
+        """Read-your-writes: wait (bounded) until the views satisfy `predicate`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+
+def rebuild(settings: Settings, target: Path, *, progress: Any = None) -> Views:
+    """Fold both topics from offset 0 into a fresh store at `target` (which must not exist)."""
+    from replay.reader import read_topic
+
+    views = Views(target)
+    projector = Projector(settings, views)
+    for topic in projector.topics:
+        for entry in read_topic(settings.bootstrap_servers, topic):
+            raw = codec.encode(entry.name, entry.record) if entry.record and entry.name else None
+            projector.apply(topic, entry.partition, entry.offset, raw)
+            if progress is not None:
+                progress()
+    return views

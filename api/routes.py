@@ -1,0 +1,392 @@
+"""The /v1 endpoints. Writes become Avro commands on kron.commands (acks=all); reads come
+from the projection, after waiting (bounded) until it reflects the caller's own command."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from api import models
+from api.auth import Authenticator, RateLimiter
+from api.problems import Problem
+from api.projection import Projector, Views
+from api.publisher import BrokerUnavailable, CommandPublisher
+from kron.clock import Clock
+from kron.settings import Settings
+
+MAX_DEPTH = 32
+READ_YOUR_WRITES_S = 5.0
+STATES = ("queued", "running", "retry_pending", "succeeded", "failed", "skipped", "missed",
+          "cancelled")
+ACTIVE = ("active", "paused")
+
+
+def _depth(value: Any, limit: int) -> int:
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, d + 1) for v in item)
+    return deepest
+
+
+@dataclass
+class Service:
+    settings: Settings
+    views: Views
+    projector: Projector
+    publisher: CommandPublisher
+    clock: Clock
+    auth: Authenticator
+    limiter: RateLimiter
+
+    def __post_init__(self) -> None:
+        self.inflight_keys: set[tuple[str, str]] = set()
+
+    # --- request plumbing --------------------------------------------------------------------
+
+    async def body(self, request: Request, model: type[BaseModel]) -> Any:
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            raise Problem(415, "unsupported-media-type", "send application/json")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > self.settings.max_body_bytes:
+                raise Problem(413, "body-too-large",
+                              f"the body is over {self.settings.max_body_bytes} bytes")
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise Problem(400, "malformed-json", f"the body is not valid JSON: {exc}") from exc
+        if _depth(data, MAX_DEPTH) > MAX_DEPTH:
+            raise Problem(400, "json-too-deep", f"JSON nesting is limited to {MAX_DEPTH}")
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or None
+            raise Problem(422, "invalid-input", err["msg"], field=field) from exc
+
+    def tenant(self, request: Request, *, write: bool = False) -> str:
+        tenant = self.auth.tenant_of(request)
+        if write:
+            self.limiter.take(tenant)
+        return tenant
+
+    def own_job(self, tenant: str, job_id: str) -> dict[str, Any]:
+        job = self.views.job(job_id)
+        # Another tenant's job answers 404: its existence is not ours to reveal.
+        if job is None or job["tenant"] != tenant or job["status"] == "deleted":
+            raise Problem(404, "job-not-found", f"no job {job_id!r}", field="job_id")
+        return job
+
+    async def send(self, tenant: str, kind: str, job_id: str, **fields: Any) -> str:
+        command_id = uuid.uuid4().hex
+        record = {
+            "envelope": {"event_id": command_id,
+                         "event_type": f"job.{kind.removesuffix('Job').lower()}_requested",
+                         "schema_version": 1, "occurred_at_ms": self.clock.now_ms(),
+                         "tenant": tenant, "causation_id": None, "correlation_id": None,
+                         "producer": "api"},
+            "command_id": command_id, "job_id": job_id, **fields,
+        }
+        try:
+            await self.publisher.publish(f"kron.commands.{kind}", record, key=job_id)
+        except BrokerUnavailable as exc:
+            raise Problem(503, "broker-unavailable",
+                          f"Kafka did not acknowledge the command: {exc}",
+                          headers={"Retry-After": "5"}) from exc
+        return command_id
+
+    async def applied(self, job_id: str, command_id: str) -> dict[str, Any] | None:
+        """Read-your-writes: wait until the projection shows the command applied."""
+        def seen() -> bool:
+            job = self.views.job(job_id)
+            return job is not None and command_id in job["applied_command_ids"]
+
+        await asyncio.to_thread(self.projector.wait_for, seen, READ_YOUR_WRITES_S)
+        return self.views.job(job_id)
+
+    # --- views -------------------------------------------------------------------------------
+
+    def job_out(self, job: dict[str, Any], *, now_ms: int) -> dict[str, Any]:
+        nxt = job.get("next_run_at_ms")
+        return {
+            "job_id": job["job_id"], "name": job["spec"]["name"], "status": job["status"],
+            "version": job["version"], "next_run_at": models.iso(nxt) if nxt else None,
+            "created_at": models.iso(job["created_at_ms"]),
+            "updated_at": models.iso(job["updated_at_ms"]),
+            "idempotency_key": job.get("idempotency_key"),
+            "definition": job["spec"], "last_run": self.run_summary(job.get("last_run")),
+        }
+
+    def run_summary(self, last: dict[str, Any] | None) -> dict[str, Any] | None:
+        if last is None:
+            return None
+        ex = self.views.execution(last["exec_id"])
+        return self.run_out(ex, full=False) if ex else None
+
+    @staticmethod
+    def run_out(ex: dict[str, Any], *, full: bool) -> dict[str, Any]:
+        out = {
+            "run_id": ex["exec_id"], "job_id": ex["job_id"], "state": ex["state"],
+            "trigger": ex["trigger"], "scheduled_for": models.iso(ex["scheduled_for_ms"]),
+            "attempt": ex["attempt"], "worker": ex["worker"],
+            "started_at": models.iso(ex["started_at_ms"]) if ex["started_at_ms"] else None,
+            "finished_at": models.iso(ex["finished_at_ms"]) if ex["finished_at_ms"] else None,
+            "lateness_ms": ex["lateness_ms"], "error": ex["last_error"],
+            "reason": ex["reason"], "dst_outcome": ex["dst_outcome"],
+        }
+        if full:
+            out["attempts"] = [
+                {**a, "started_at": models.iso(a["started_at_ms"]),
+                 "finished_at": models.iso(a["finished_at_ms"]) if a["finished_at_ms"] else None}
+                for a in ex["attempts"]]
+            out["status_code"] = ex["status_code"]
+        return out
+
+
+def job_id_for(tenant: str, idempotency_key: str | None) -> str:
+    if idempotency_key is None:
+        return "j_" + uuid.uuid4().hex
+    digest = hashlib.blake2b(f"{tenant}\x00{idempotency_key}".encode(), digest_size=12)
+    return "j_" + digest.hexdigest()
+
+
+def build_router(svc: Service) -> APIRouter:  # noqa: C901 - one route table, read top-down
+    router = APIRouter(prefix="/v1", tags=["jobs"])
+
+    @router.post("/jobs", status_code=201, openapi_extra=_body_doc(models.JobRequest))
+    async def create_job(request: Request) -> JSONResponse:
+        tenant = svc.tenant(request, write=True)
+        req = await svc.body(request, models.JobRequest)
+        now = svc.clock.now_ms()
+        spec = _spec_or_problem(req, now, svc.settings)
+        key = getattr(req, "idempotency_key", None)
+        job_id = job_id_for(tenant, key)
+        existing = svc.views.job(job_id)
+        if existing is not None and existing["status"] != "deleted":
+            if models.spec_fingerprint(existing["spec"]) != models.spec_fingerprint(
+                    _jsonable(spec)):
+                raise Problem(422, "idempotency-key-reused",
+                              "this idempotency key was used with a different body",
+                              field="idempotency_key")
+            return JSONResponse(_created(svc, existing, now), status_code=200)
+        _check_quota(svc, tenant)
+        if key is not None:
+            if (tenant, key) in svc.inflight_keys:
+                raise Problem(409, "idempotency-key-in-flight",
+                              "a request with this idempotency key is in progress",
+                              field="idempotency_key")
+            svc.inflight_keys.add((tenant, key))
+        try:
+            cmd = await svc.send(tenant, "CreateJob", job_id, idempotency_key=key, spec=spec)
+            job = await svc.applied(job_id, cmd)
+        finally:
+            svc.inflight_keys.discard((tenant, key or ""))
+        body = _created(svc, job, now) if job else {
+            "job_id": job_id, "status": "accepted",
+            "upcoming": [models.iso(t) for t in models.upcoming(spec, now_ms=now)]}
+        return JSONResponse(body, status_code=201, headers={"Location": f"/v1/jobs/{job_id}"})
+
+    @router.get("/jobs")
+    async def list_jobs(request: Request, status: str | None = None, name: str | None = None,
+                        limit: int = 50, cursor: str | None = None) -> JSONResponse:
+        tenant = svc.tenant(request)
+        if not 1 <= limit <= 500:
+            raise Problem(422, "invalid-input", "limit must be in 1..500", field="limit")
+        prefix = f"t/{tenant}/".encode()
+        start = prefix + cursor.encode() + b"\x00" if cursor else None
+        items, next_cursor = [], None
+        for key, entry in svc.views.prefix(prefix, start=start):
+            if entry["status"] == "deleted" or (status and entry["status"] != status):
+                continue
+            if name and name not in entry["name"]:
+                continue
+            if len(items) == limit:
+                next_cursor = items[-1]["job_id"]
+                break
+            job = svc.views.job(key[len(prefix):].decode())
+            if job is not None:
+                items.append(svc.job_out(job, now_ms=svc.clock.now_ms()))
+        return JSONResponse({"jobs": items, "next_cursor": next_cursor})
+
+    @router.get("/jobs/{job_id}")
+    async def get_job(request: Request, job_id: str) -> JSONResponse:
+        tenant = svc.tenant(request)
+        return JSONResponse(svc.job_out(svc.own_job(tenant, job_id), now_ms=svc.clock.now_ms()))
+
+    @router.patch("/jobs/{job_id}", openapi_extra=_body_doc(models.JobPatch))
+    async def update_job(request: Request, job_id: str) -> JSONResponse:
+        tenant = svc.tenant(request, write=True)
+        job = svc.own_job(tenant, job_id)
+        patch = await svc.body(request, models.JobPatch)
+        now = svc.clock.now_ms()
+        try:
+            spec = models.merge_patch(job["spec"], patch, now_ms=now,
+                                      allow_private=svc.settings.allow_private_targets)
+        except models.InvalidField as exc:
+            raise Problem(422, "invalid-input", exc.message, field=exc.field) from exc
+        cmd = await svc.send(tenant, "UpdateJob", job_id, spec=spec, expected_version=None)
+        updated = await svc.applied(job_id, cmd)
+        return JSONResponse(svc.job_out(updated or job, now_ms=now))
+
+    @router.delete("/jobs/{job_id}")
+    async def delete_job(request: Request, job_id: str) -> JSONResponse:
+        tenant = svc.tenant(request, write=True)
+        job = svc.own_job(tenant, job_id)
+        cmd = await svc.send(tenant, "DeleteJob", job_id)
+        deleted = await svc.applied(job_id, cmd)
+        return JSONResponse(svc.job_out(deleted or job, now_ms=svc.clock.now_ms()))
+
+    @router.post("/jobs/{job_id}:{action}", openapi_extra=_body_doc(BackfillRequest))
+    async def job_action(request: Request, job_id: str, action: str) -> JSONResponse:
+        kinds = {"pause": "PauseJob", "resume": "ResumeJob", "trigger": "TriggerJob",
+                 "backfill": "BackfillJob"}
+        if action not in kinds:
+            raise Problem(404, "not-found", f"no action {action!r}", field="action")
+        tenant = svc.tenant(request, write=True)
+        job = svc.own_job(tenant, job_id)
+        fields: dict[str, Any] = {}
+        if action == "backfill":
+            req = await svc.body(request, BackfillRequest)
+            fields = _backfill_fields(req, svc.clock.now_ms())
+        cmd = await svc.send(tenant, kinds[action], job_id, **fields)
+        after = await svc.applied(job_id, cmd)
+        out = svc.job_out(after or job, now_ms=svc.clock.now_ms())
+        return JSONResponse(out, status_code=202 if action in ("trigger", "backfill") else 200)
+
+    async def runs(request: Request, job_id: str, status: str | None = None,
+                   limit: int = 50, cursor: str | None = None) -> JSONResponse:
+        tenant = svc.tenant(request)
+        svc.own_job(tenant, job_id)
+        if status is not None and status not in STATES:
+            raise Problem(422, "invalid-input", f"status must be one of {', '.join(STATES)}",
+                          field="status")
+        if not 1 <= limit <= 500:
+            raise Problem(422, "invalid-input", "limit must be in 1..500", field="limit")
+        prefix = f"r/{job_id}/".encode()
+        start = prefix + cursor.encode() + b"\x00" if cursor else None
+        items: list[dict[str, Any]] = []
+        next_cursor = None
+        for key, entry in svc.views.prefix(prefix, start=start):
+            if status and entry["state"] != status:
+                continue
+            if len(items) == limit:
+                break
+            ex = svc.views.execution(key.rsplit(b"/", 1)[-1].decode())
+            if ex is not None:
+                items.append(svc.run_out(ex, full=False))
+                next_cursor = key[len(prefix):].decode()
+        else:
+            next_cursor = None
+        return JSONResponse({"runs": items, "next_cursor": next_cursor})
+
+    router.add_api_route("/jobs/{job_id}/runs", runs, methods=["GET"])
+    router.add_api_route("/jobs/{job_id}/executions", runs, methods=["GET"])
+
+    @router.get("/runs/{run_id}")
+    async def get_run(request: Request, run_id: str) -> JSONResponse:
+        tenant = svc.tenant(request)
+        ex = svc.views.execution(run_id)
+        if ex is None or ex["tenant"] != tenant:
+            raise Problem(404, "run-not-found", f"no run {run_id!r}", field="run_id")
+        return JSONResponse(svc.run_out(ex, full=True))
+
+    @router.get("/stats")
+    async def stats(request: Request) -> JSONResponse:
+        tenant = svc.tenant(request)
+        counts = {s: svc.views.get(f"c/{tenant}/{s}".encode()) or 0 for s in STATES}
+        return JSONResponse({"runs_by_state": counts})
+
+    return router
+
+
+def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
+    from api.projection import jsonable
+
+    return jsonable(spec)  # type: ignore[no-any-return]
+
+
+def _spec_or_problem(req: Any, now: int, settings: Settings) -> dict[str, Any]:
+    try:
+        return models.build_spec(req, now_ms=now, allow_private=settings.allow_private_targets)
+    except models.InvalidField as exc:
+        raise Problem(422, "invalid-input", exc.message, field=exc.field) from exc
+
+
+def _created(svc: Service, job: dict[str, Any], now: int) -> dict[str, Any]:
+    out = svc.job_out(job, now_ms=now)
+    out["upcoming"] = [models.iso(t) for t in models.upcoming(job["spec"], now_ms=now)]
+    return out
+
+
+def _check_quota(svc: Service, tenant: str) -> None:
+    prefix = f"t/{tenant}/".encode()
+    active = sum(1 for _, e in svc.views.prefix(prefix) if e["status"] in ACTIVE)
+    if active >= svc.settings.tenant_max_active_jobs:
+        raise Problem(429, "quota-exceeded",
+                      f"this tenant has {active} active jobs, the limit", headers={
+                          "Retry-After": "60"})
+
+
+class BackfillRequest(BaseModel):
+    """Run the job's slots between `from` and `to` (both in the past), paced."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    from_: AwareDatetime = Field(alias="from")
+    to: AwareDatetime
+    max_per_s: float = Field(default=10.0, gt=0, le=1000, allow_inf_nan=False)
+
+
+MAX_BACKFILL_MS = 366 * 86_400_000
+
+
+def _backfill_fields(req: BackfillRequest, now: int) -> dict[str, Any]:
+    start = int(req.from_.timestamp() * 1000)
+    end = int(req.to.timestamp() * 1000)
+    if end < start:
+        raise Problem(422, "invalid-input", "`to` must not be before `from`", field="to")
+    if end > now:
+        raise Problem(422, "invalid-input", "backfill covers past slots only", field="to")
+    if end - start > MAX_BACKFILL_MS:
+        raise Problem(422, "invalid-input", "a backfill spans at most 366 days", field="from")
+    return {"from_ms": start, "to_ms": end, "max_per_s": req.max_per_s}
+
+
+REF = "#/components/schemas/{model}"
+BODY_MODELS: list[type[BaseModel]] = []
+
+
+def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """Bodies are parsed by hand (size, depth, media type first), so document them here."""
+    BODY_MODELS.append(model)
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": REF.format(model=model.__name__)}}}}}
+
+
+def body_schemas() -> dict[str, Any]:
+    """Component schemas for the hand-parsed bodies, $defs included."""
+    out: dict[str, Any] = {}
+    for model in BODY_MODELS:
+        schema = model.model_json_schema(ref_template=REF)
+        out.update(schema.pop("$defs", {}))
+        out[model.__name__] = schema
+    return out
+

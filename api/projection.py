@@ -91,6 +91,11 @@ class Views:
     def execution(self, exec_id: str) -> dict[str, Any] | None:
         return self.get(_k("e", exec_id))  # type: ignore[no-any-return]
 
+    def job_state(self, job_id: str) -> dict[str, Any] | None:
+        """The job's last JobState record, decoded from the Avro bytes the engine wrote."""
+        raw = self.db.get(_k("s", job_id))
+        return None if raw is None else codec.decode(bytes(raw)).record
+
     def offsets(self) -> dict[tuple[str, int], int]:
         out = {}
         for key, value in self.prefix(b"o/"):
@@ -130,6 +135,9 @@ class Batch:
         self.pending[key] = raw
         self.wb.put(key, raw)
 
+    def put_raw(self, key: bytes, raw: bytes) -> None:
+        self.wb.put(key, raw)
+
     def delete(self, key: bytes) -> None:
         self.pending[key] = None
         self.wb.delete(key)
@@ -138,13 +146,16 @@ class Batch:
         self.views.db.write(self.wb)
 
 
-def apply_job(batch: Batch, rec: dict[str, Any]) -> None:
+def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
+    from api.models import request_of, spec_fingerprint
+
     tenant = rec["envelope"]["tenant"]
     job_id = rec["job_id"]
     old = batch.get(_k("j", job_id)) or {}
     view = {
         "job_id": job_id, "tenant": tenant, "version": rec["version"],
-        "status": rec["status"], "spec": jsonable(rec["spec"]),
+        "status": rec["status"], "spec": jsonable(request_of(rec["spec"])),
+        "fingerprint": spec_fingerprint(rec["spec"]),
         "created_at_ms": rec["created_at_ms"], "updated_at_ms": rec["updated_at_ms"],
         "next_run_at_ms": rec["next_run_at_ms"], "cursor_ms": rec["cursor_ms"],
         "idempotency_key": rec["idempotency_key"],
@@ -152,11 +163,13 @@ def apply_job(batch: Batch, rec: dict[str, Any]) -> None:
         "last_run": old.get("last_run"),
     }
     batch.put(_k("j", job_id), view)
+    # The Avro state as written, for updates that patch the exact stored spec.
+    batch.put_raw(_k("s", job_id), raw)
     batch.put(_k("t", tenant, job_id), {"status": view["status"],
                                          "name": rec["spec"]["name"]})
 
 
-def apply_execution(batch: Batch, rec: dict[str, Any]) -> None:
+def apply_execution(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
     tenant = rec["envelope"]["tenant"]
     exec_id = rec["exec_id"]
     old = batch.get(_k("e", exec_id))
@@ -250,7 +263,8 @@ class Projector:
         for msg in msgs:
             if msg.error():
                 continue
-            self.apply(msg.topic(), msg.partition(), msg.offset(), msg.value())
+            self.apply(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0),
+                       msg.value())
         with self._cond:
             self._cond.notify_all()
 
@@ -259,7 +273,7 @@ class Projector:
         if value is not None:
             try:
                 decoded = codec.decode(value)
-                self.topics[topic](batch, decoded.record)
+                self.topics[topic](batch, decoded.record, value)
             except (DecodeError, KeyError, TypeError) as exc:
                 log.warning("projection skipped %s[%s]@%s: %s", topic, partition, offset, exc)
         batch.put(_k("o", topic, str(partition)), offset + 1)
@@ -278,16 +292,27 @@ class Projector:
         return True
 
 
-def rebuild(settings: Settings, target: Path, *, progress: Any = None) -> Views:
-    """Fold both topics from offset 0 into a fresh store at `target` (which must not exist)."""
-    from replay.reader import read_topic
-
+def rebuild(settings: Settings, target: Path, *, progress: Any = None,
+            timeout_s: float = 600.0) -> Views:
+    """Fold both topics from offset 0 into a fresh store at `target`, with the same code
+    the live projector runs, until it reaches the topics' current ends."""
     views = Views(target)
     projector = Projector(settings, views)
-    for topic in projector.topics:
-        for entry in read_topic(settings.bootstrap_servers, topic):
-            raw = codec.encode(entry.name, entry.record) if entry.record and entry.name else None
-            projector.apply(topic, entry.partition, entry.offset, raw)
+    consumer = projector._consumer()
+    try:
+        ends = {}
+        for tp in consumer.assignment():
+            _, high = consumer.get_watermark_offsets(tp, timeout=30)
+            if high > 0:
+                ends[(tp.topic, tp.partition)] = high
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done = views.offsets()
+            if all(done.get(tp, 0) >= high for tp, high in ends.items()):
+                return views
+            projector._poll(consumer)
             if progress is not None:
-                progress()
-    return views
+                progress(projector.applied)
+        raise TimeoutError(f"rebuild did not reach the topics' ends in {timeout_s:.0f}s")
+    finally:
+        consumer.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +59,8 @@ class Service:
 
     # --- request plumbing --------------------------------------------------------------------
 
-    async def body(self, request: Request, model: type[BaseModel]) -> Any:
+    async def body(self, request: Request) -> Any:
+        """The JSON body, after the checks that must come before parsing it."""
         ctype = request.headers.get("content-type", "")
         if ctype.split(";")[0].strip().lower() != "application/json":
             raise Problem(415, "unsupported-media-type", "send application/json")
@@ -76,12 +76,7 @@ class Service:
             raise Problem(400, "malformed-json", f"the body is not valid JSON: {exc}") from exc
         if _depth(data, MAX_DEPTH) > MAX_DEPTH:
             raise Problem(400, "json-too-deep", f"JSON nesting is limited to {MAX_DEPTH}")
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or None
-            raise Problem(422, "invalid-input", err["msg"], field=field) from exc
+        return data
 
     def tenant(self, request: Request, *, write: bool = False) -> str:
         tenant = self.auth.tenant_of(request)
@@ -169,21 +164,21 @@ def job_id_for(tenant: str, idempotency_key: str | None) -> str:
     return "j_" + digest.hexdigest()
 
 
-def build_router(svc: Service) -> APIRouter:  # noqa: C901 - one route table, read top-down
+def build_router(svc: Service) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["jobs"])
 
     @router.post("/jobs", status_code=201, openapi_extra=_body_doc(models.JobRequest))
     async def create_job(request: Request) -> JSONResponse:
         tenant = svc.tenant(request, write=True)
-        req = await svc.body(request, models.JobRequest)
+        req = _invalid_as_422(models.parse_request, await svc.body(request))
         now = svc.clock.now_ms()
-        spec = _spec_or_problem(req, now, svc.settings)
-        key = getattr(req, "idempotency_key", None)
+        key = req.idempotency_key
         job_id = job_id_for(tenant, key)
         existing = svc.views.job(job_id)
+        # A replayed create may come after its run_at passed: judge it without "now" checks.
+        spec = _spec_or_problem(req, now, svc.settings, check_times=existing is None)
         if existing is not None and existing["status"] != "deleted":
-            if models.spec_fingerprint(existing["spec"]) != models.spec_fingerprint(
-                    _jsonable(spec)):
+            if existing["fingerprint"] != models.spec_fingerprint(spec):
                 raise Problem(422, "idempotency-key-reused",
                               "this idempotency key was used with a different body",
                               field="idempotency_key")
@@ -213,7 +208,8 @@ def build_router(svc: Service) -> APIRouter:  # noqa: C901 - one route table, re
             raise Problem(422, "invalid-input", "limit must be in 1..500", field="limit")
         prefix = f"t/{tenant}/".encode()
         start = prefix + cursor.encode() + b"\x00" if cursor else None
-        items, next_cursor = [], None
+        items: list[dict[str, Any]] = []
+        next_cursor = None
         for key, entry in svc.views.prefix(prefix, start=start):
             if entry["status"] == "deleted" or (status and entry["status"] != status):
                 continue
@@ -236,13 +232,13 @@ def build_router(svc: Service) -> APIRouter:  # noqa: C901 - one route table, re
     async def update_job(request: Request, job_id: str) -> JSONResponse:
         tenant = svc.tenant(request, write=True)
         job = svc.own_job(tenant, job_id)
-        patch = await svc.body(request, models.JobPatch)
+        patch = _invalid_as_422(models.parse_patch, await svc.body(request))
         now = svc.clock.now_ms()
-        try:
-            spec = models.merge_patch(job["spec"], patch, now_ms=now,
-                                      allow_private=svc.settings.allow_private_targets)
-        except models.InvalidField as exc:
-            raise Problem(422, "invalid-input", exc.message, field=exc.field) from exc
+        state = svc.views.job_state(job_id)
+        assert state is not None
+        spec = _invalid_as_422(models.merge_patch, state["spec"], patch, now_ms=now,
+                               allow_private=svc.settings.allow_private_targets,
+                               topic_prefix=svc.settings.topic_prefix)
         cmd = await svc.send(tenant, "UpdateJob", job_id, spec=spec, expected_version=None)
         updated = await svc.applied(job_id, cmd)
         return JSONResponse(svc.job_out(updated or job, now_ms=now))
@@ -265,7 +261,12 @@ def build_router(svc: Service) -> APIRouter:  # noqa: C901 - one route table, re
         job = svc.own_job(tenant, job_id)
         fields: dict[str, Any] = {}
         if action == "backfill":
-            req = await svc.body(request, BackfillRequest)
+            try:
+                req = BackfillRequest.model_validate(await svc.body(request))
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise Problem(422, "invalid-input", err["msg"], field=".".join(
+                    str(p) for p in err["loc"]) or None) from exc
             fields = _backfill_fields(req, svc.clock.now_ms())
         cmd = await svc.send(tenant, kinds[action], job_id, **fields)
         after = await svc.applied(job_id, cmd)
@@ -318,22 +319,26 @@ def build_router(svc: Service) -> APIRouter:  # noqa: C901 - one route table, re
     return router
 
 
-def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
-    from api.projection import jsonable
-
-    return jsonable(spec)  # type: ignore[no-any-return]
-
-
-def _spec_or_problem(req: Any, now: int, settings: Settings) -> dict[str, Any]:
+def _invalid_as_422(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
-        return models.build_spec(req, now_ms=now, allow_private=settings.allow_private_targets)
+        return fn(*args, **kwargs)
     except models.InvalidField as exc:
         raise Problem(422, "invalid-input", exc.message, field=exc.field) from exc
 
 
+def _spec_or_problem(req: Any, now: int, settings: Settings, *,
+                     check_times: bool) -> dict[str, Any]:
+    return _invalid_as_422(  # type: ignore[no-any-return]
+        models.build_spec, req, now_ms=now, allow_private=settings.allow_private_targets,
+        topic_prefix=settings.topic_prefix, check_times=check_times)
+
+
 def _created(svc: Service, job: dict[str, Any], now: int) -> dict[str, Any]:
     out = svc.job_out(job, now_ms=now)
-    out["upcoming"] = [models.iso(t) for t in models.upcoming(job["spec"], now_ms=now)]
+    state = svc.views.job_state(job["job_id"])
+    spec = state["spec"] if state else None
+    out["upcoming"] = ([models.iso(t) for t in models.upcoming(spec, now_ms=now)]
+                       if spec is not None and job["status"] in ACTIVE else [])
     return out
 
 

@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 
 from kron.errors import SetupError
+from kron.jobs_cli import jobs_app
 from kron.settings import Settings
+from replay.cli import replay_app
 
 app = typer.Typer(
     name="kron",
@@ -22,6 +24,8 @@ dev_app = typer.Typer(help="Local development stack: broker, worker and API.",
                       no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 app.add_typer(dev_app, name="dev")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(replay_app, name="replay")
 
 
 def _fail(exc: Exception) -> None:

@@ -42,14 +42,15 @@ def kafka_settings(kafka_cluster: localkafka.Cluster, tmp_path: Path) -> Setting
 
 
 def fresh_settings(cluster: localkafka.Cluster, data_dir: Path, **overrides: object) -> Settings:
-    settings = Settings(
-        bootstrap_servers=cluster.bootstrap_servers,
-        topic_prefix=f"t{uuid.uuid4().hex[:10]}",
-        partitions=4,
-        data_dir=data_dir,
-        api_keys="acme=key-acme,globex=key-globex",
-        allow_private_targets=True,
-        **overrides,  # type: ignore[arg-type]
-    )
+    fields: dict[str, object] = {
+        "bootstrap_servers": cluster.bootstrap_servers,
+        "topic_prefix": f"t{uuid.uuid4().hex[:10]}",
+        "partitions": 4,
+        "data_dir": data_dir,
+        "api_keys": "acme=key-acme,globex=key-globex",
+        "allow_private_targets": True,
+        **overrides,
+    }
+    settings = Settings(**fields)  # type: ignore[arg-type]
     create_topics(settings)
     return settings

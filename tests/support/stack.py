@@ -171,7 +171,8 @@ class ApiProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> ApiProcess:
+    def start(self, wait_path: str = "/readyz", ok_statuses: tuple[int, ...] = (200,)
+              ) -> ApiProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "kron", "api"], env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -183,7 +184,7 @@ class ApiProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kron api exited: {self.log()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}{wait_path}", timeout=5).status_code in ok_statuses:
                     return self
             except httpx.HTTPError:
                 pass

@@ -1,0 +1,1128 @@
+"""Request models for ``POST /v1/jobs`` and ``PATCH /v1/jobs/{id}``, and their translation
+into the Avro ``kron.JobSpec`` the engine consumes.
+
+Layers, from the outside in:
+
+1. :class:`JobRequest` / :class:`JobPatch` (pydantic) check shapes and types: unknown fields are
+   rejected (``extra="forbid"``), numbers must be finite, enums must be known values. The other
+   seed's shorthand is normalised into the canonical body here (see :class:`JobRequest`).
+   :func:`parse_request` / :func:`parse_patch` turn a :class:`pydantic.ValidationError` into an
+   :class:`InvalidField` carrying an API field path.
+2. :func:`build_spec` checks semantics the types can't express (URL safety, header syntax, time
+   bounds, sizes), assembles the Avro dict and then runs ``streams.engine.spec.plan_of`` -- the
+   engine's own validation, so the API can never accept a spec the engine would dead-letter.
+   Domain errors (``PermanentError.field``) are translated into API field paths.
+3. :func:`merge_patch` applies a JSON merge patch (RFC 7396) to the canonical form of an
+   existing spec and re-runs 1 and 2 on the result.
+
+Every ``InvalidField`` is a 422 for the caller. ``field`` is a dotted path into the request body
+(``schedule.cron``, ``run_at``, ``target.headers.X-Api-Key``, ``metadata.owner``...).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import ipaddress
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from streams.domain.errors import PermanentError
+from streams.domain.schedule import OneOffSchedule, bounded_next_slot, parse_cron
+from streams.engine.spec import JobPlan, plan_of
+from streams.netguard import BLOCKED_HOSTNAMES, check_url, parse_ip
+
+__all__ = [
+    "CommandTargetIn",
+    "DstIn",
+    "HttpTargetIn",
+    "InvalidField",
+    "JobPatch",
+    "JobRequest",
+    "KafkaTargetIn",
+    "MisfireIn",
+    "RetryIn",
+    "ScheduleIn",
+    "TargetPatch",
+    "build_spec",
+    "iso",
+    "merge_patch",
+    "parse_patch",
+    "parse_request",
+    "parse_time",
+    "request_of",
+    "spec_fingerprint",
+    "upcoming",
+]
+
+# --- limits -----------------------------------------------------------------------------------
+# A CreateJob command must fit in one Kafka record (1 MiB by default) with room to spare; the
+# variable-size parts below add up to well under that.
+NAME_MAX = 200
+IDEMPOTENCY_KEY_MAX = 200
+CRON_MAX = 512  # streams.domain.cron.MAX_EXPR_LEN
+TIMEZONE_MAX = 64
+URL_MAX = 2048
+HEADERS_MAX = 50
+HEADER_NAME_MAX = 256
+HEADER_VALUE_MAX = 8192
+HEADERS_TOTAL_MAX = 32 * 1024
+BODY_MAX = 256 * 1024  # bytes of UTF-8; also the Kafka target's value
+KAFKA_KEY_MAX = 16 * 1024
+ARGV_MAX = 256
+ARGV_TOTAL_MAX = 64 * 1024
+ENV_MAX = 100
+ENV_TOTAL_MAX = 32 * 1024
+PATH_MAX = 4096
+IMAGE_MAX = 255
+METADATA_MAX = 64
+METADATA_KEY_MAX = 128
+METADATA_VALUE_MAX = 1024
+METADATA_TOTAL_MAX = 16 * 1024
+PREVIEW_MAX = 100
+
+_MS = timedelta(milliseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_DAY_MS = 86_400_000
+
+# RFC 7230 token: the only characters allowed in an HTTP header name.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# A container image reference, loosely: registry/name[:tag][@digest]. No leading '-', so the
+# image can't be read as an option by `docker run --rm IMAGE`.
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOST_LABELS = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?P<offset>[Zz]|[+-]\d{2}:\d{2})?"
+)
+
+# Headers the worker sets on every attempt (streams/targets.py): a job can't override them.
+_KRON_HEADERS = frozenset({"idempotency-key"})
+_KRON_HEADER_PREFIX = "x-kron-"
+# Framing and routing headers are the HTTP client's business; letting a job set them invites
+# request smuggling (Content-Length vs body) or virtual-host games (Host).
+_CLIENT_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive",
+    "proxy-connection", "te", "trailer", "upgrade",
+})
+_KRON_ENV = frozenset({"KRON_EXEC_ID", "KRON_JOB_ID", "KRON_ATTEMPT", "KRON_SCHEDULED_FOR"})
+
+# Names that can only mean "this host" or "this private network"; checked without DNS.
+_LOCAL_HOSTNAMES = BLOCKED_HOSTNAMES | {
+    "localhost.localdomain", "ip6-localhost", "ip6-loopback", "instance-data",
+    "instance-data.ec2.internal",
+}
+_LOCAL_SUFFIXES = (".localhost", ".local", ".localdomain", ".internal", ".home.arpa", ".lan")
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+_V4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+TargetType = Literal["http", "kafka", "command"]
+HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+Concurrency = Literal["allow", "skip_if_running", "queue", "replace"]
+MisfireKindIn = Literal["fire_once", "fire_all", "skip_if_late_by"]
+BackoffIn = Literal["exponential", "fixed"]
+_TARGET_RECORDS: dict[str, str] = {
+    "http": "kron.HttpTarget", "kafka": "kron.KafkaTarget", "command": "kron.CommandTarget",
+}
+
+
+class InvalidField(Exception):
+    """A request the API must refuse with 422.
+
+    ``field`` is a dotted path into the request body, ``message`` says what is wrong in words a
+    caller can act on. ``errors`` lists every problem found as ``(field, message)`` pairs (the
+    first is ``(field, message)``); pydantic may report several at once.
+    """
+
+    def __init__(self, field: str, message: str, *,
+                 errors: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+        self.errors: list[tuple[str, str]] = list(errors) or [(field, message)]
+
+
+# --- request models ---------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    # strict: no "3" -> 3 or true -> 1 coercion; allow_inf_nan: NaN/Infinity are rejected in
+    # every float field, which JSON parsers (Python's included) otherwise let through.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class ScheduleIn(_Model):
+    """``{cron, timezone}`` or ``{run_at}``. A bare string is shorthand for ``{"cron": s}``.
+
+    Every field is optional at this level so that the same model serves PATCH (change only the
+    timezone); :func:`build_spec` demands exactly one of ``cron`` and ``run_at``. ``timezone``
+    defaults to UTC.
+    """
+
+    cron: str | None = Field(default=None, max_length=CRON_MAX)
+    timezone: str | None = Field(default=None, max_length=TIMEZONE_MAX)
+    run_at: str | None = None
+
+
+class HttpTargetIn(_Model):
+    type: Literal["http"] = "http"
+    method: HttpMethod = "POST"
+    url: str = Field(max_length=URL_MAX)
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: str | None = None
+    timeout_s: float = 30.0
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+class KafkaTargetIn(_Model):
+    type: Literal["kafka"] = "kafka"
+    topic: str
+    key: str | None = None
+    value: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class CommandTargetIn(_Model):
+    """A subprocess on a worker, or (with ``image``) ``docker run --rm IMAGE ARGV...``.
+
+    ``argv`` may be empty only when ``image`` is given; see :func:`build_spec` for how an
+    image-only target is mapped.
+    """
+
+    type: Literal["command"] = "command"
+    argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    timeout_s: float = 300.0
+    image: str | None = None
+
+
+TargetIn = Annotated[HttpTargetIn | KafkaTargetIn | CommandTargetIn, Field(discriminator="type")]
+
+
+class RetryIn(_Model):
+    """Shorthand: ``max`` for ``max_attempts``; ``backoff: "exp"`` for ``exponential``."""
+
+    max_attempts: int = 3
+    backoff: BackoffIn = "exponential"
+    base_s: float = 1.0
+    max_s: float = 300.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        value = dict(value)
+        if "max" in value:
+            if "max_attempts" in value:
+                raise ValueError("give retry.max_attempts or its shorthand retry.max, not both")
+            value["max_attempts"] = value.pop("max")
+        if value.get("backoff") == "exp":
+            value["backoff"] = "exponential"
+        return value
+
+
+class MisfireIn(_Model):
+    """A bare string is shorthand for ``{"kind": s}``."""
+
+    kind: MisfireKindIn = "fire_once"
+    late_by_s: float | None = None
+    fire_all_cap: int = 100
+
+
+class DstIn(_Model):
+    nonexistent: Literal["skip", "shift_forward"] = "shift_forward"
+    ambiguous: Literal["first", "last", "both"] = "first"
+
+
+def _infer_target_type(value: Any) -> Any:
+    """``{"url": ...}`` is http, ``{"image"|"argv": ...}`` command, ``{"topic": ...}`` kafka."""
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("type")
+    if isinstance(kind, str):
+        return {**value, "type": kind.lower()}
+    if kind is not None:
+        return value
+    if "url" in value:
+        return {**value, "type": "http"}
+    if "argv" in value or "image" in value:
+        return {**value, "type": "command"}
+    if "topic" in value:
+        return {**value, "type": "kafka"}
+    return value
+
+
+def _schedule_shorthand(value: Any) -> Any:
+    return {"cron": value} if isinstance(value, str) else value
+
+
+def _misfire_shorthand(value: Any) -> Any:
+    return {"kind": value} if isinstance(value, str) else value
+
+
+class JobRequest(_Model):
+    """The body of ``POST /v1/jobs``.
+
+    Canonical form::
+
+        {"name": "nightly", "schedule": {"cron": "0 2 * * *", "timezone": "Europe/Berlin"},
+         "target": {"type": "http", "method": "POST", "url": "https://...", "headers": {},
+                    "body": "...", "timeout_s": 30},
+         "retry": {"max_attempts": 3, "backoff": "exponential", "base_s": 1, "max_s": 300},
+         "concurrency": "allow", "misfire": {"kind": "fire_once"},
+         "dst": {"nonexistent": "shift_forward", "ambiguous": "first"},
+         "jitter_s": 0, "start_at": null, "end_at": null, "lease_s": 60, "metadata": {},
+         "idempotency_key": "..."}
+
+    A one-off job gives ``run_at`` (RFC 3339 with an offset) instead of ``schedule``
+    (``schedule: {"run_at": ...}`` is accepted too), and ``fire_now_if_past: true`` to accept a
+    ``run_at`` already in the past (it then fires at once, subject to the misfire policy).
+
+    Shorthand accepted and normalised to the above:
+
+    * ``"schedule": "0 2 * * *"`` -> ``{"cron": "0 2 * * *"}`` (timezone UTC);
+    * a target without ``type``: ``url`` -> http, ``argv``/``image`` -> command, ``topic`` ->
+      kafka; ``method`` and ``type`` are case-insensitive;
+    * ``"retry": {"max": 3, "backoff": "exp"}`` -> ``{"max_attempts": 3, "backoff":
+      "exponential"}``;
+    * ``"misfire": "fire_all"`` -> ``{"kind": "fire_all"}``.
+
+    ``name`` is optional: without it the job is named after its target (``POST host/path``,
+    ``kafka topic``, the image, or argv[0]).
+    """
+
+    name: str | None = Field(default=None, min_length=1, max_length=NAME_MAX)
+    schedule: Annotated[ScheduleIn | None, BeforeValidator(_schedule_shorthand)] = None
+    run_at: str | None = None
+    fire_now_if_past: bool = False
+    target: Annotated[TargetIn, BeforeValidator(_infer_target_type)]
+    retry: RetryIn = Field(default_factory=RetryIn)
+    concurrency: Concurrency = "allow"
+    misfire: Annotated[MisfireIn, BeforeValidator(_misfire_shorthand)] = Field(
+        default_factory=MisfireIn)
+    dst: DstIn = Field(default_factory=DstIn)
+    jitter_s: float = 0.0
+    start_at: str | None = None
+    end_at: str | None = None
+    lease_s: float = 60.0
+    metadata: dict[str, str] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1,
+                                        max_length=IDEMPOTENCY_KEY_MAX)
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.isprintable() or not value.strip()):
+            raise ValueError("name must be printable text, not blank")
+        return value
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _printable_key(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("idempotency_key must be printable characters")
+        return value
+
+
+class TargetPatch(_Model):
+    """Any subset of a target's fields. Without ``type`` (or with the current one) the fields
+    are merged into the current target; a different ``type`` replaces the target outright."""
+
+    type: TargetType | None = None
+    method: str | None = None
+    url: str | None = None
+    headers: dict[str, str | None] | None = None
+    body: str | None = None
+    timeout_s: float | None = None
+    topic: str | None = None
+    key: str | None = None
+    value: str | None = None
+    argv: list[str] | None = None
+    env: dict[str, str | None] | None = None
+    cwd: str | None = None
+    image: str | None = None
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+
+class JobPatch(_Model):
+    """The body of ``PATCH /v1/jobs/{id}``: a JSON merge patch (RFC 7396) over the canonical
+    :class:`JobRequest` form of the job. Absent fields are kept, ``null`` resets a field to its
+    default (removes it from a map), objects are merged key by key. Shorthand as for
+    :class:`JobRequest`; a bare-string ``schedule`` changes only the cron expression."""
+
+    name: str | None = None
+    schedule: Annotated[ScheduleIn | None, BeforeValidator(_schedule_shorthand)] = None
+    run_at: str | None = None
+    fire_now_if_past: bool = False
+    target: Annotated[TargetPatch | None, BeforeValidator(_infer_target_type)] = None
+    retry: RetryIn | None = None
+    concurrency: Concurrency | None = None
+    misfire: Annotated[MisfireIn | None, BeforeValidator(_misfire_shorthand)] = None
+    dst: DstIn | None = None
+    jitter_s: float | None = None
+    start_at: str | None = None
+    end_at: str | None = None
+    lease_s: float | None = None
+    metadata: dict[str, str | None] | None = None
+
+
+# --- pydantic errors -> InvalidField ---------------------------------------------------------
+
+_NESTED_FIELDS: dict[str, list[str]] = {
+    "schedule": list(ScheduleIn.model_fields),
+    "retry": [*RetryIn.model_fields, "max"],
+    "misfire": list(MisfireIn.model_fields),
+    "dst": list(DstIn.model_fields),
+    "target": list(TargetPatch.model_fields),
+}
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    parts = [str(p) for p in loc]
+    # A discriminated union puts the tag into the location: target.http.url -> target.url.
+    if len(parts) >= 2 and parts[0] == "target" and parts[1] in _TARGET_RECORDS:
+        del parts[1]
+    return ".".join(_printable(p) for p in parts) or "body"
+
+
+def _message(err: Mapping[str, Any], path: str, top: Sequence[str]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent, _, name = path.rpartition(".")
+        known = _NESTED_FIELDS.get(parent, []) if parent else list(top)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {(parent + '.' if parent else '') + close[0]!r}?" if close else ""
+        return f"unknown field {path!r}{hint}"
+    if kind == "missing":
+        return f"{path} is required"
+    if kind == "union_tag_not_found":
+        return ("target.type is required (http, kafka or command) unless the target has a "
+                "url, topic, argv or image")
+    if kind == "finite_number":
+        return f"{path} must be a finite number (NaN and Infinity are not allowed)"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{path}: {msg}"
+
+
+def _invalid(exc: ValidationError, top: Sequence[str]) -> InvalidField:
+    errors = exc.errors(include_url=False)
+    # A typo ("nmae") also makes the real field missing; the unknown name is the better lead.
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+    pairs = [(p, _message(e, p, top)) for e in errors for p in [_path(e["loc"])]]
+    return InvalidField(pairs[0][0], pairs[0][1], errors=pairs)
+
+
+def parse_request(body: Any) -> JobRequest:
+    """Validate a decoded JSON body as a :class:`JobRequest`; raises :class:`InvalidField`."""
+    try:
+        return JobRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc, list(JobRequest.model_fields)) from None
+
+
+def parse_patch(body: Any) -> JobPatch:
+    """Validate a decoded JSON body as a :class:`JobPatch`; raises :class:`InvalidField`."""
+    try:
+        return JobPatch.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc, list(JobPatch.model_fields)) from None
+
+
+# --- time -------------------------------------------------------------------------------------
+
+
+def iso(ms: int) -> str:
+    """Epoch milliseconds as RFC 3339 UTC with milliseconds: ``2026-11-30T00:00:00.000Z``."""
+    t = _EPOCH + timedelta(milliseconds=ms)
+    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
+            f"{t.second:02d}.{ms % 1000:03d}Z")
+
+
+def parse_time(value: str, field: str) -> int:
+    """RFC 3339 date-time WITH a UTC offset (``Z`` or ``+01:00``) -> epoch milliseconds.
+
+    A naive time is refused rather than guessed: the server's zone is an accident of
+    deployment. Sub-millisecond digits are truncated.
+    """
+    example = "e.g. 2026-11-30T09:00:00Z or 2026-11-30T10:00:00+01:00"
+    if not isinstance(value, str):
+        raise InvalidField(field, f"{field} must be an RFC 3339 string, {example}")
+    m = _RFC3339.fullmatch(value)
+    if m is None:
+        raise InvalidField(field, f"{field} {value!r} is not an RFC 3339 date-time; {example}")
+    if m["offset"] is None:
+        raise InvalidField(field, f"{field} {value!r} has no UTC offset; add 'Z' or '+hh:mm', "
+                                  f"{example}")
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    micro = int((m.group(7) or "").ljust(6, "0")[:6])
+    off = m["offset"]
+    try:
+        if off in ("Z", "z"):
+            tz = UTC
+        else:
+            oh, om = int(off[1:3]), int(off[4:6])
+            if oh > 23 or om > 59:
+                raise ValueError(f"offset {off} is out of range")
+            sign = -1 if off[0] == "-" else 1
+            tz = timezone(sign * timedelta(hours=oh, minutes=om))
+        t = datetime(year, month, day, hour, minute, second, micro, tzinfo=tz)
+    except ValueError as exc:
+        raise InvalidField(field, f"{field} {value!r} is not a valid date-time: {exc}") from None
+    return (t - _EPOCH) // _MS
+
+
+# --- spec building ----------------------------------------------------------------------------
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _utf8(text: str, field: str) -> bytes:
+    # surrogateescape round-trips bytes that are not UTF-8 (a body written by another service,
+    # shown by request_of) back into the same bytes.
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise InvalidField(field, f"{field} is not valid Unicode text") from None
+
+
+def _text(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", "surrogateescape")
+
+
+def _blocked_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Anything not globally routable, including IPv4 tunnelled in IPv6 (mapped,
+    IPv4-compatible, 6to4, Teredo, NAT64), which ``is_global`` alone lets through."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded: list[ipaddress.IPv4Address] = []
+        if ip.ipv4_mapped is not None:
+            embedded.append(ip.ipv4_mapped)
+        if ip.sixtofour is not None:
+            embedded.append(ip.sixtofour)
+        if ip.teredo is not None:
+            embedded.extend(ip.teredo)
+        if ip in _V4_COMPATIBLE or any(ip in net for net in _NAT64):
+            embedded.append(ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF))
+        if any(_blocked_ip(v4) for v4 in embedded):
+            return True
+    return (not ip.is_global or ip.is_private or ip.is_loopback or ip.is_link_local
+            or ip.is_multicast or ip.is_reserved or ip.is_unspecified)
+
+
+def _check_host(host: str, field: str) -> None:
+    """Private hosts recognisable without DNS: names, and IPs in any encoding."""
+    host = host.rstrip(".").lower()
+    if host in _LOCAL_HOSTNAMES or host.endswith(_LOCAL_SUFFIXES):
+        raise InvalidField(field, f"{field} host {host!r} is a private name")
+    ip = parse_ip(host)
+    if ip is not None:
+        if _blocked_ip(ip):
+            raise InvalidField(field, f"{field} host {host!r} is a private, loopback, "
+                                      f"link-local or otherwise non-public address")
+        return
+    if "." not in host:
+        # A single label ("db", "metadata") resolves through the search domains: internal.
+        raise InvalidField(field, f"{field} host {host!r} is a single-label (internal) name")
+
+
+def _check_url(url: str, allow_private: bool) -> None:
+    field = "target.url"
+    if any(c.isspace() or not c.isprintable() or c == "\\" for c in url):
+        raise InvalidField(field, f"{field} must not contain whitespace, control characters "
+                                  f"or backslashes")
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError on a bad port
+    except ValueError as exc:
+        raise InvalidField(field, f"{field} {url!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidField(field, f"{field} must be an http:// or https:// URL; got "
+                                  f"{parts.scheme + ':' if parts.scheme else 'no scheme'}")
+    if not parts.hostname:
+        raise InvalidField(field, f"{field} {url!r} has no host")
+    if parts.username is not None or parts.password is not None:
+        # Parsers disagree on '@' (a classic SSRF trick) and the URL is stored and shown.
+        raise InvalidField(field, f"{field} must not hold credentials; send them in "
+                                  f"target.headers (e.g. Authorization)")
+    try:
+        check_url(url, allow_private=allow_private, resolve=False)
+    except PermanentError as exc:
+        raise InvalidField(field, exc.message) from None
+    host = parts.hostname
+    if ":" in host:  # an IPv6 literal; urlsplit has checked its syntax
+        ascii_host = host
+    else:
+        try:
+            # IDNA folds look-alikes ("①②⑦。0。0。1" -> "127.0.0.1") the way resolvers would.
+            ascii_host = host.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            raise InvalidField(field, f"{field} host {host!r} is not a valid host name") from None
+        if parse_ip(ascii_host) is None and not _HOST_LABELS.fullmatch(ascii_host.rstrip(".")):
+            raise InvalidField(field, f"{field} host {host!r} is not a valid host name")
+    if not allow_private:
+        _check_host(ascii_host, field)
+        _check_host(host, field)
+
+
+def _check_headers(headers: Mapping[str, str], *, http: bool) -> dict[str, str]:
+    field = "target.headers"
+    if len(headers) > HEADERS_MAX:
+        raise InvalidField(field, f"{field} has {len(headers)} entries; at most {HEADERS_MAX}")
+    total = sum(len(k) + len(v) for k, v in headers.items())
+    if total > HEADERS_TOTAL_MAX:
+        raise InvalidField(field, f"{field} total {total} characters; at most "
+                                  f"{HEADERS_TOTAL_MAX}")
+    seen: set[str] = set()
+    for name, value in headers.items():
+        where = f"{field}.{_printable(name)}"
+        if any(c in f"{name}{value}" for c in "\r\n\x00"):
+            raise InvalidField(where, f"header {_printable(name)!r}: names and values can't "
+                                      f"contain CR, LF or NUL")
+        if not name:
+            raise InvalidField(where, "header names can't be empty")
+        if len(name) > HEADER_NAME_MAX or len(value) > HEADER_VALUE_MAX:
+            raise InvalidField(where, f"header names are limited to {HEADER_NAME_MAX} and "
+                                      f"values to {HEADER_VALUE_MAX} characters")
+        lower = name.lower()
+        if lower in seen:
+            raise InvalidField(where, f"duplicate header {name!r} (names are case-insensitive)")
+        seen.add(lower)
+        if lower in _KRON_HEADERS or lower.startswith(_KRON_HEADER_PREFIX):
+            raise InvalidField(where, f"header {name!r} is set by kron on every attempt")
+        if not http:
+            continue
+        if not _TOKEN.fullmatch(name):
+            raise InvalidField(where, f"header name {name!r} is not an RFC 7230 token")
+        if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value):
+            raise InvalidField(where, f"header {name!r}: value holds control characters")
+        if not value.isascii():
+            raise InvalidField(where, f"header {name!r}: value must be ASCII")
+        if lower in _CLIENT_HEADERS:
+            raise InvalidField(where, f"header {name!r} is managed by the HTTP client")
+    return dict(headers)
+
+
+def _string_map(values: Mapping[str, str], field: str, *, max_entries: int, key_max: int,
+                value_max: int, total_max: int) -> dict[str, str]:
+    if len(values) > max_entries:
+        raise InvalidField(field, f"{field} has {len(values)} entries; at most {max_entries}")
+    total = sum(len(k) + len(v) for k, v in values.items())
+    if total > total_max:
+        raise InvalidField(field, f"{field} holds {total} characters; at most {total_max}")
+    for key, value in values.items():
+        where = f"{field}.{_printable(key)}"
+        if not key or len(key) > key_max or not key.isprintable():
+            raise InvalidField(where, f"{field} keys must be 1..{key_max} printable characters")
+        if len(value) > value_max or "\x00" in value:
+            raise InvalidField(where, f"{where} must be at most {value_max} characters, "
+                                      f"without NUL")
+    return dict(values)
+
+
+def _http_target(t: HttpTargetIn, allow_private: bool) -> tuple[str, dict[str, Any]]:
+    _check_url(t.url, allow_private)
+    body = None if t.body is None else _utf8(t.body, "target.body")
+    if body is not None and len(body) > BODY_MAX:
+        raise InvalidField("target.body", f"target.body is {len(body)} bytes; at most {BODY_MAX}")
+    return "kron.HttpTarget", {
+        "method": t.method, "url": t.url, "headers": _check_headers(t.headers, http=True),
+        "body": body, "timeout_s": float(t.timeout_s),
+    }
+
+
+def _kafka_target(t: KafkaTargetIn, topic_prefix: str) -> tuple[str, dict[str, Any]]:
+    field = "target.topic"
+    if not _TOPIC.fullmatch(t.topic) or t.topic in (".", ".."):
+        raise InvalidField(field, f"{field} {t.topic!r} is not a valid Kafka topic name "
+                                  f"(1..249 of A-Z a-z 0-9 . _ -)")
+    reserved = (f"{topic_prefix}.", f"{topic_prefix}-", "__") if topic_prefix else ("__",)
+    if t.topic.startswith(reserved):
+        raise InvalidField(field, f"{field} {t.topic!r} is an internal topic")
+    key = None if t.key is None else _utf8(t.key, "target.key")
+    value = None if t.value is None else _utf8(t.value, "target.value")
+    if key is not None and len(key) > KAFKA_KEY_MAX:
+        raise InvalidField("target.key", f"target.key is {len(key)} bytes; at most "
+                                         f"{KAFKA_KEY_MAX}")
+    if value is not None and len(value) > BODY_MAX:
+        raise InvalidField("target.value", f"target.value is {len(value)} bytes; at most "
+                                           f"{BODY_MAX}")
+    return "kron.KafkaTarget", {"topic": t.topic, "key": key, "value": value,
+                                "headers": _check_headers(t.headers, http=False)}
+
+
+def _command_target(t: CommandTargetIn) -> tuple[str, dict[str, Any]]:
+    image = t.image
+    if image is not None and (len(image) > IMAGE_MAX or not _IMAGE.fullmatch(image)):
+        raise InvalidField("target.image", f"target.image {image!r} is not a container image "
+                                           f"reference (e.g. ghcr.io/acme/reports:1.4)")
+    argv = list(t.argv)
+    if not argv:
+        if image is None:
+            raise InvalidField("target.argv", "target.argv must not be empty (give the program "
+                                              "and its arguments, or an image)")
+        # The engine refuses an empty argv, and the worker runs an image as
+        # `docker run --rm IMAGE ARGV...`; this is that command with no ARGV, i.e. the
+        # image's own entrypoint/CMD. See build_spec.
+        argv, image = ["docker", "run", "--rm", image], None
+    if len(argv) > ARGV_MAX or sum(len(a) for a in argv) > ARGV_TOTAL_MAX:
+        raise InvalidField("target.argv", f"target.argv is limited to {ARGV_MAX} items and "
+                                          f"{ARGV_TOTAL_MAX} characters")
+    if not argv[0]:
+        raise InvalidField("target.argv.0", "target.argv.0 (the program) must not be empty")
+    for i, arg in enumerate(argv):
+        if "\x00" in arg:
+            raise InvalidField(f"target.argv.{i}", f"target.argv.{i} contains NUL")
+    for name, value in t.env.items():
+        where = f"target.env.{_printable(name)}"
+        if not _ENV_NAME.fullmatch(name):
+            raise InvalidField(where, f"environment variable name {_printable(name)!r} must "
+                                      f"match [A-Za-z_][A-Za-z0-9_]*")
+        if name in _KRON_ENV:
+            raise InvalidField(where, f"environment variable {name} is set by kron")
+        if "\x00" in value:
+            raise InvalidField(where, f"{where} contains NUL")
+    if len(t.env) > ENV_MAX or sum(len(k) + len(v) for k, v in t.env.items()) > ENV_TOTAL_MAX:
+        raise InvalidField("target.env", f"target.env is limited to {ENV_MAX} variables and "
+                                         f"{ENV_TOTAL_MAX} characters")
+    if t.cwd is not None and (not t.cwd.startswith("/") or "\x00" in t.cwd
+                              or len(t.cwd) > PATH_MAX):
+        raise InvalidField("target.cwd", "target.cwd must be an absolute path without NUL")
+    return "kron.CommandTarget", {"argv": argv, "env": dict(t.env), "cwd": t.cwd,
+                                  "timeout_s": float(t.timeout_s), "image": image}
+
+
+def _default_name(kind: str, target: Mapping[str, Any]) -> str:
+    if kind == "kron.HttpTarget":
+        parts = urlsplit(target["url"])
+        name = f"{target['method']} {parts.hostname}{parts.path}"
+    elif kind == "kron.KafkaTarget":
+        name = f"kafka {target['topic']}"
+    elif target["image"]:
+        name = target["image"]
+    elif target["argv"][:3] == ["docker", "run", "--rm"] and len(target["argv"]) == 4:
+        name = target["argv"][3]
+    else:
+        name = target["argv"][0].rsplit("/", 1)[-1] or target["argv"][0]
+    name = _printable(name)[:NAME_MAX]
+    return name if name.strip() else "job"
+
+
+_TIME_FIELDS = frozenset({"schedule", "run_at", "start_at", "end_at"})
+
+
+def _api_field(field: str | None, run_at_path: str) -> str:
+    """A domain/engine ``PermanentError.field`` as a path into the request body."""
+    if field is None:
+        return "body"
+    if field in ("schedule.run_at_ms", "run_at"):
+        return run_at_path
+    if field == "overlap":
+        return "concurrency"
+    return field
+
+
+def build_spec(
+    req: JobRequest,
+    *,
+    now_ms: int,
+    allow_private: bool,
+    past_skew_s: float = 60,
+    max_future_days: int = 3660,
+    topic_prefix: str = "kron",
+    check_times: bool = True,
+) -> dict[str, Any]:
+    """The Avro ``kron.JobSpec`` for a request, validated; raises :class:`InvalidField`.
+
+    Every JobSpec field is present; unions are ``(record_name, dict)`` tuples and times epoch
+    milliseconds, so the dict can go straight into ``schemas.codec.encode``. The result has
+    passed ``streams.engine.spec.plan_of``.
+
+    Mapping choices:
+
+    * ``concurrency`` is the spec's ``overlap``; ``misfire`` as a string is ``{"kind": s}``.
+    * the cron expression is stored whitespace-normalised (as the domain evaluates it), the
+      timezone defaults to UTC.
+    * strings for ``body``/``key``/``value`` become UTF-8 bytes.
+    * an image-only command target (``{"image": "reports:1.4"}``, no or empty ``argv``)
+      becomes ``argv = ["docker", "run", "--rm", "reports:1.4"]`` with ``image = null``. The
+      engine refuses an empty argv and the worker runs ``image`` as
+      ``docker run --rm IMAGE ARGV...``, so no argv with ``image`` set could mean "the image's
+      default command"; this argv is exactly the command the worker would otherwise build.
+      (``argv = [image]`` would run the image *name* as a command inside the container.)
+    * a missing ``name`` is derived from the target.
+
+    Time checks relative to ``now_ms`` (``check_times=False`` skips them, e.g. to fingerprint a
+    replayed idempotent request whose ``run_at`` has since passed): ``run_at`` not more than
+    ``past_skew_s`` in the past unless ``fire_now_if_past``, ``run_at``/``start_at`` at most
+    ``max_future_days`` ahead, ``end_at`` not in the past, and at least one run inside
+    ``start_at``..``end_at``.
+
+    ``allow_private`` permits targets on private networks. Without it, URLs whose host is a
+    private/loopback/link-local/metadata address in any encoding, or an obviously local name,
+    are refused; other names are NOT resolved here (the worker re-checks DNS at send time).
+    Kafka targets may not publish to kron's own topics (``{topic_prefix}.*``,
+    ``{topic_prefix}-*``) or Kafka's (``__*``).
+    """
+    return _build(req, now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
+                  max_future_days=max_future_days, topic_prefix=topic_prefix,
+                  times=_TIME_FIELDS if check_times else frozenset())
+
+
+def _check_unicode(value: Any, path: str) -> None:
+    """Python strings may hold unpaired surrogates (JSON "\\ud800"), which Avro can't encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidField(path, f"{path} is not valid Unicode text (unpaired "
+                                     f"surrogate)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{_printable(str(key))}"
+            _check_unicode(key, where)
+            _check_unicode(item, where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, f"{path}.{i}")
+
+
+def _build(req: JobRequest, *, now_ms: int, allow_private: bool, past_skew_s: float,
+           max_future_days: int, topic_prefix: str, times: frozenset[str]) -> dict[str, Any]:
+    # body/key/value become bytes, through surrogateescape (see _utf8); everything else is text.
+    raw = req.model_dump(exclude={"target": {"body", "key", "value"}})
+    for key, value in raw.items():
+        _check_unicode(value, key)
+    # Schedule: exactly one of schedule.cron, schedule.run_at and run_at.
+    sched = req.schedule
+    run_at_text, run_at_path = req.run_at, "run_at"
+    if sched is not None and req.run_at is not None:
+        raise InvalidField("run_at", "give either schedule or run_at, not both")
+    if sched is not None and sched.run_at is not None:
+        if sched.cron is not None or sched.timezone is not None:
+            field = "schedule.cron" if sched.cron is not None else "schedule.timezone"
+            raise InvalidField(field, "schedule takes either cron (with timezone) or run_at")
+        run_at_text, run_at_path = sched.run_at, "schedule.run_at"
+    schedule: tuple[str, dict[str, Any]]
+    run_at_ms: int | None = None
+    if run_at_text is not None:
+        run_at_ms = parse_time(run_at_text, run_at_path)
+        schedule = ("kron.OneOffSchedule", {"run_at_ms": run_at_ms})
+    elif sched is not None and sched.cron is not None:
+        try:
+            cron = parse_cron(sched.cron, "UTC" if sched.timezone is None else sched.timezone)
+        except PermanentError as exc:
+            raise InvalidField(_api_field(exc.field, run_at_path), exc.message) from None
+        schedule = ("kron.CronSchedule", {"expr": cron.expr, "timezone": cron.timezone})
+    elif sched is not None:
+        raise InvalidField("schedule.cron", "schedule.cron is required (or give run_at for a "
+                                            "one-off job)")
+    else:
+        raise InvalidField("schedule", "a schedule is required: schedule.cron (e.g. "
+                                       "'0 2 * * *') or run_at for a one-off job")
+    start_at_ms = None if req.start_at is None else parse_time(req.start_at, "start_at")
+    end_at_ms = None if req.end_at is None else parse_time(req.end_at, "end_at")
+    _check_instants(run_at_ms, start_at_ms, end_at_ms, now_ms=now_ms, run_at_path=run_at_path,
+                    fire_now_if_past=req.fire_now_if_past, past_skew_s=past_skew_s,
+                    max_future_days=max_future_days, times=times)
+
+    t = req.target
+    if isinstance(t, HttpTargetIn):
+        target = _http_target(t, allow_private)
+    elif isinstance(t, KafkaTargetIn):
+        target = _kafka_target(t, topic_prefix)
+    else:
+        target = _command_target(t)
+
+    metadata = _string_map(req.metadata, "metadata", max_entries=METADATA_MAX,
+                           key_max=METADATA_KEY_MAX, value_max=METADATA_VALUE_MAX,
+                           total_max=METADATA_TOTAL_MAX)
+    spec: dict[str, Any] = {
+        "name": req.name if req.name is not None else _default_name(*target),
+        "schedule": schedule,
+        "target": target,
+        "retry": {"max_attempts": req.retry.max_attempts, "backoff": req.retry.backoff,
+                  "base_s": float(req.retry.base_s), "max_s": float(req.retry.max_s)},
+        "overlap": req.concurrency,
+        "misfire": {"kind": req.misfire.kind,
+                    "late_by_s": (None if req.misfire.late_by_s is None
+                                  else float(req.misfire.late_by_s)),
+                    "fire_all_cap": req.misfire.fire_all_cap},
+        "dst": {"nonexistent": req.dst.nonexistent, "ambiguous": req.dst.ambiguous},
+        "jitter_s": float(req.jitter_s),
+        "start_at_ms": start_at_ms,
+        "end_at_ms": end_at_ms,
+        "lease_s": float(req.lease_s),
+        "metadata": metadata,
+    }
+    try:
+        plan = plan_of(spec)
+    except PermanentError as exc:
+        raise InvalidField(_api_field(exc.field, run_at_path), exc.message) from None
+    if times:
+        _check_window(plan, now_ms=now_ms, run_at_path=run_at_path)
+    return spec
+
+
+def _check_instants(run_at: int | None, start: int | None, end: int | None, *, now_ms: int,
+                    run_at_path: str, fire_now_if_past: bool, past_skew_s: float,
+                    max_future_days: int, times: frozenset[str]) -> None:
+    """The now-relative checks on the times ``times`` names (all, none, or a patch's)."""
+    horizon_ms = now_ms + max_future_days * _DAY_MS
+    oldest_ms = now_ms - past_skew_s * 1000
+    far = f"more than {max_future_days} days ahead; check the date (seconds vs milliseconds?)"
+    if run_at is not None and "run_at" in times:
+        if run_at < oldest_ms and not fire_now_if_past:
+            raise InvalidField(run_at_path, f"{run_at_path} {iso(run_at)} is in the past; set "
+                                            f"fire_now_if_past to run it at once")
+        if run_at > horizon_ms:
+            raise InvalidField(run_at_path, f"{run_at_path} {iso(run_at)} is {far}")
+    if start is not None and "start_at" in times and start > horizon_ms:
+        raise InvalidField("start_at", f"start_at {iso(start)} is {far}")
+    if end is not None and "end_at" in times and end < oldest_ms:
+        raise InvalidField("end_at", f"end_at {iso(end)} is in the past; the job would never run")
+
+
+def _check_window(plan: JobPlan, *, now_ms: int, run_at_path: str) -> None:
+    """At least one run between start_at and end_at."""
+    schedule, start, end = plan.schedule, plan.start_at_ms, plan.end_at_ms
+    if isinstance(schedule, OneOffSchedule):
+        at = schedule.run_at_ms
+        if (start is not None and at < start) or (end is not None and at > end):
+            raise InvalidField(run_at_path, f"{run_at_path} {iso(at)} is outside "
+                                            f"start_at..end_at; the job would never run")
+    elif end is not None and bounded_next_slot(schedule, after_ms=now_ms - 1, dst=plan.dst,
+                                               start_at_ms=start, end_at_ms=end) is None:
+        raise InvalidField("end_at", "no run of schedule.cron falls between now/start_at and "
+                                     "end_at; the job would never run")
+
+
+# --- canonical form, patches ------------------------------------------------------------------
+
+
+def request_of(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """An Avro JobSpec in the canonical request form (inverse of :func:`build_spec`).
+
+    One-offs come back as top-level ``run_at``; times as :func:`iso` strings; bytes as text
+    (bytes that aren't UTF-8 via ``surrogateescape``, which :func:`build_spec` reverses).
+    Absent times are omitted. Also usable as the ``spec`` part of a GET response.
+    """
+    out: dict[str, Any] = {"name": spec["name"]}
+    sched_name, sched = _tagged(spec["schedule"], "expr", "kron.CronSchedule",
+                                "kron.OneOffSchedule")
+    if sched_name == "kron.CronSchedule":
+        out["schedule"] = {"cron": sched["expr"], "timezone": sched.get("timezone") or "UTC"}
+    else:
+        out["run_at"] = iso(sched["run_at_ms"])
+    kind, t = _tagged(spec["target"], "url", "kron.HttpTarget", None)
+    if kind is None:
+        kind = "kron.CommandTarget" if "argv" in t else "kron.KafkaTarget"
+    if kind == "kron.HttpTarget":
+        out["target"] = {"type": "http", "method": t.get("method", "POST"), "url": t["url"],
+                         "headers": dict(t.get("headers") or {}), "body": _text(t.get("body")),
+                         "timeout_s": t.get("timeout_s", 30.0)}
+    elif kind == "kron.KafkaTarget":
+        out["target"] = {"type": "kafka", "topic": t["topic"], "key": _text(t.get("key")),
+                         "value": _text(t.get("value")),
+                         "headers": dict(t.get("headers") or {})}
+    else:
+        out["target"] = {"type": "command", "argv": list(t["argv"]),
+                         "env": dict(t.get("env") or {}), "cwd": t.get("cwd"),
+                         "timeout_s": t.get("timeout_s", 300.0), "image": t.get("image")}
+    retry, mis, dst = spec["retry"], spec["misfire"], spec["dst"]
+    out["retry"] = {k: retry[k] for k in ("max_attempts", "backoff", "base_s", "max_s")}
+    out["concurrency"] = spec["overlap"]
+    out["misfire"] = {"kind": mis["kind"], "late_by_s": mis.get("late_by_s"),
+                      "fire_all_cap": mis.get("fire_all_cap", 100)}
+    out["dst"] = {"nonexistent": dst["nonexistent"], "ambiguous": dst["ambiguous"]}
+    out["jitter_s"] = spec.get("jitter_s", 0.0)
+    for key in ("start_at", "end_at"):
+        if spec.get(f"{key}_ms") is not None:
+            out[key] = iso(spec[f"{key}_ms"])
+    out["lease_s"] = spec.get("lease_s", 60.0)
+    out["metadata"] = dict(spec.get("metadata") or {})
+    return out
+
+
+def _tagged(value: Any, probe: str, with_probe: str,
+            without: str | None) -> tuple[str | None, dict[str, Any]]:
+    if isinstance(value, tuple):
+        return value[0], value[1]
+    return (with_probe if probe in value else without), value
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    """RFC 7396: objects merge key by key, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(base) if isinstance(base, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+def merge_patch(
+    existing_spec: Mapping[str, Any],
+    patch: JobPatch,
+    *,
+    now_ms: int,
+    allow_private: bool,
+    past_skew_s: float = 60,
+    max_future_days: int = 3660,
+    topic_prefix: str = "kron",
+) -> dict[str, Any]:
+    """The spec after ``patch`` (a JSON merge patch over :func:`request_of` of the existing
+    spec), fully re-validated by :func:`build_spec`; raises :class:`InvalidField`.
+
+    Beyond plain RFC 7396:
+
+    * a ``target`` with a different ``type`` replaces the target instead of merging into it;
+    * ``run_at`` (or ``schedule.run_at``) replaces a cron schedule and ``schedule.cron``
+      replaces a one-off; ``schedule.timezone`` alone keeps the cron expression;
+    * changing ``misfire.kind`` away from ``skip_if_late_by`` drops ``late_by_s``;
+    * the now-relative time checks apply only to the times the patch touches, so renaming a job
+      whose one-off already ran, or whose ``end_at`` has passed, still works.
+    """
+    base = request_of(existing_spec)
+    changes = patch.model_dump(exclude_unset=True, exclude={"fire_now_if_past"})
+    merged = dict(base)
+
+    if changes.get("schedule") is not None and changes.get("run_at") is not None:
+        raise InvalidField("run_at", "give either schedule or run_at, not both")
+    if "schedule" in changes:
+        new_sched = changes.pop("schedule")
+        if new_sched is None:
+            merged.pop("schedule", None)
+        elif new_sched.get("run_at") is not None or "run_at" in merged:
+            # A change of kind: the patch's schedule is the whole schedule.
+            merged.pop("run_at", None)
+            merged["schedule"] = {k: v for k, v in new_sched.items() if v is not None}
+        else:
+            merged["schedule"] = _merge(merged.get("schedule"), new_sched)
+    if "run_at" in changes:
+        run_at = changes.pop("run_at")
+        merged.pop("run_at", None)
+        if run_at is not None:
+            merged.pop("schedule", None)
+            merged["run_at"] = run_at
+
+    if "target" in changes:
+        new_target = changes.pop("target")
+        old_type = base["target"]["type"]
+        if new_target is None:
+            merged.pop("target", None)
+        elif new_target.get("type", old_type) != old_type:
+            merged["target"] = {k: v for k, v in new_target.items() if v is not None}
+        else:
+            merged["target"] = _merge(base["target"], new_target)
+
+    if changes.get("misfire") is not None:
+        new_mis = changes.pop("misfire")
+        mis = _merge(base["misfire"], new_mis)
+        if mis.get("kind") != "skip_if_late_by" and "late_by_s" not in new_mis:
+            mis.pop("late_by_s", None)
+        merged["misfire"] = mis
+
+    merged = _merge(merged, changes)
+    merged["fire_now_if_past"] = patch.fire_now_if_past
+    req = parse_request(merged)
+
+    touched: set[str] = set()
+    if {"schedule", "run_at"} & patch.model_fields_set:
+        touched |= {"schedule", "run_at"}
+    touched |= {"start_at", "end_at"} & patch.model_fields_set
+    return _build(req, now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
+                  max_future_days=max_future_days, topic_prefix=topic_prefix,
+                  times=frozenset(touched))
+
+
+# --- fingerprint, preview ---------------------------------------------------------------------
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], Mapping)):
+        return {"$union": value[0], "value": _canonical(value[1])}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return {"$bytes": bytes(value).hex()}
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # 60 and 60.0 are the same double in Avro
+    if value is None or isinstance(value, str | int | float):
+        return value
+    raise TypeError(f"not a JobSpec value: {type(value).__name__}")
+
+
+def spec_fingerprint(spec: Mapping[str, Any]) -> str:
+    """A stable SHA-256 (hex) of a JobSpec as :func:`build_spec` returns it.
+
+    Independent of dict key order; unions, bytes and integral floats have one canonical
+    representation each. Two requests that normalise to the same spec (shorthand vs canonical,
+    ``"get"`` vs ``"GET"``, cron whitespace) share a fingerprint; any change to the spec
+    changes it. Use it to tell a replayed idempotent create (same fingerprint) from a reused
+    idempotency key with a different body (422).
+    """
+    text = json.dumps(_canonical(spec), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(b"kron.JobSpec/v1\n" + text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def upcoming(spec: Mapping[str, Any], *, now_ms: int, count: int = 5) -> list[int]:
+    """The next ``count`` run times (epoch ms) at or after ``now_ms``, as the engine would arm
+    them: DST policy and ``start_at``..``end_at`` honoured, jitter not applied (it depends on
+    the job id). A one-off gives ``[run_at]`` (even when past: it fires once armed) unless it
+    lies outside ``start_at``..``end_at``. Raises ``PermanentError`` for an invalid spec."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= PREVIEW_MAX:
+        raise InvalidField("count", f"count must be an integer in 0..{PREVIEW_MAX}")
+    plan = plan_of(dict(spec))
+    if count == 0:
+        return []
+    if isinstance(plan.schedule, OneOffSchedule):
+        at = plan.schedule.run_at_ms
+        if ((plan.start_at_ms is not None and at < plan.start_at_ms)
+                or (plan.end_at_ms is not None and at > plan.end_at_ms)):
+            return []
+        return [at]
+    out: list[int] = []
+    after = now_ms - 1  # as the engine arms a new job: a slot exactly at now is due
+    while len(out) < count:
+        slot = bounded_next_slot(plan.schedule, after_ms=after, dst=plan.dst,
+                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        if slot is None:
+            break
+        out.append(slot.scheduled_for_ms)
+        after = slot.scheduled_for_ms
+    return out

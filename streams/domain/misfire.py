@@ -45,11 +45,11 @@ def resolve_misfire(
     slots = sorted(late_slots, key=lambda s: s.scheduled_for_ms)
     if not slots:
         return MisfireDecision(fire=[], missed=[])
-    if policy.kind is MisfireKind.FIRE_ONCE:
+    if policy.kind == MisfireKind.FIRE_ONCE:
         return MisfireDecision(
             fire=slots[-1:], missed=[(s, MissReason.COALESCED) for s in slots[:-1]]
         )
-    if policy.kind is MisfireKind.SKIP_IF_LATE_BY:
+    if policy.kind == MisfireKind.SKIP_IF_LATE_BY:
         limit_ms = (policy.late_by_s or 0.0) * 1000
         fire: list[Slot] = []
         missed: list[tuple[Slot, str]] = []

@@ -71,9 +71,12 @@ def _int_in(value: object, lo: int, hi: int) -> bool:
 
 
 def _check_enum(value: object, enum: type[StrEnum], field: str) -> None:
-    if not isinstance(value, enum):
-        allowed = ", ".join(m.value for m in enum)
-        raise InvalidPolicy(f"{field} must be one of: {allowed}; got {value!r}", field=field)
+    # Plain strings equal to a member are fine: StrEnum members compare equal to them.
+    allowed = [m.value for m in enum]
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidPolicy(
+            f"{field} must be one of: {', '.join(allowed)}; got {value!r}", field=field
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,7 +129,7 @@ class MisfirePolicy:
     def validate(self) -> None:
         _check_enum(self.kind, MisfireKind, "misfire.kind")
         late = self.late_by_s
-        if self.kind is MisfireKind.SKIP_IF_LATE_BY:
+        if self.kind == MisfireKind.SKIP_IF_LATE_BY:
             if not _finite_in(late, 0.0, LATE_BY_S_LIMIT):
                 raise InvalidPolicy(
                     "misfire.late_by_s is required for skip_if_late_by and must be a finite "
@@ -135,7 +138,7 @@ class MisfirePolicy:
                 )
         elif late is not None:
             raise InvalidPolicy(
-                f"misfire.late_by_s only applies to skip_if_late_by, not {self.kind.value}",
+                f"misfire.late_by_s only applies to skip_if_late_by, not {self.kind}",
                 field="misfire.late_by_s",
             )
         cap = self.fire_all_cap

@@ -76,7 +76,7 @@ def retry_delay_s(
         raise ValueError(f"failed_attempt is 1-based; got {failed_attempt}")
     if not 0.0 <= rand < 1.0:
         raise ValueError(f"rand must be in [0, 1); got {rand}")
-    if policy.backoff is Backoff.FIXED:
+    if policy.backoff == Backoff.FIXED:
         backoff = policy.base_s
     else:
         exponent = min(failed_attempt - 1, _MAX_EXPONENT)

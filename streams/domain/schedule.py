@@ -9,11 +9,11 @@ mapped to the UTC instants at which that wall time is shown, under a :class:`Dst
   gap, moved by the gap length (02:30 in a 02:00-03:00 gap fires at 03:30 local). When the
   shifted instant coincides with a real slot (``0 * * * *`` shifts 02:00 onto 03:00) the two
   are one slot, since an execution is identified by its instant.
-* a local time inside a fall-back overlap exists twice. ``first``/``last``: only the first
-  (summer time) or the last (standard time) showing is a slot. ``both``: both are, an
-  overlap-length apart. Because the schedule is wall-clock based, ``*/15 * * * *`` with
-  ``first`` fires four times in the first pass of the repeated hour and not at all in the
-  second; with ``last`` it is the other way round.
+* a local time inside a fall-back overlap exists twice. ``first``/``last``: only the earlier
+  or the later showing is a slot. ``both``: both are, an overlap-length apart, and they
+  interleave with neighbouring local times in instant order. Because the schedule is
+  wall-clock based, ``*/15 * * * *`` with ``first`` fires four times in the first pass of
+  the repeated hour and not at all in the second; with ``last`` it is the other way round.
 
 Every function is pure: time comes in as ``after_ms`` and no clock is read.
 """
@@ -59,7 +59,10 @@ class DstOutcome(StrEnum):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Slot:
-    """One due instant of a schedule; ``dst_outcome`` is None for ordinary local times."""
+    """One due instant of a schedule.
+
+    ``dst_outcome`` is None for ordinary local times, else a :class:`DstOutcome` value.
+    """
 
     scheduled_for_ms: int
     dst_outcome: str | None = None
@@ -67,7 +70,7 @@ class Slot:
 
 @lru_cache(maxsize=1024)
 def _zone(name: str) -> ZoneInfo:
-    if not isinstance(name, str) or not name.strip():
+    if not name.strip():
         raise InvalidSchedule(
             "timezone is required: an IANA name such as 'Europe/Berlin' or 'UTC'",
             field=TIMEZONE_FIELD,
@@ -172,9 +175,9 @@ def _search_start_offset(tz: ZoneInfo, t0: int, dst: DstPolicy) -> int:
     at = datetime.fromtimestamp(t0 // 1000, tz)
     offset = _ms(at.utcoffset())
     low = offset
-    if dst.ambiguous is not DstAmbiguous.FIRST and at.fold == 0:
+    if dst.ambiguous != DstAmbiguous.FIRST and at.fold == 0:
         low = min(low, _ms(at.replace(fold=1).utcoffset()))
-    if dst.nonexistent is DstNonexistent.SHIFT_FORWARD:
+    if dst.nonexistent == DstNonexistent.SHIFT_FORWARD:
         before = _offset_at(tz, t0 - _MAX_JUMP_MS)
         if before < offset and _offset_at(tz, t0 - (offset - before)) != offset:
             low = min(low, before)
@@ -188,12 +191,12 @@ def _instants(
     if off0 == off1:
         return ((local_ms - off0, None),)
     if off0 < off1:  # gap; the pre-transition offset lands exactly one gap-length later
-        if dst.nonexistent is DstNonexistent.SHIFT_FORWARD:
+        if dst.nonexistent == DstNonexistent.SHIFT_FORWARD:
             return ((local_ms - off0, DstOutcome.SHIFTED_FORWARD),)
         return ()
-    if dst.ambiguous is DstAmbiguous.FIRST:
+    if dst.ambiguous == DstAmbiguous.FIRST:
         return ((local_ms - off0, DstOutcome.AMBIGUOUS_FIRST),)
-    if dst.ambiguous is DstAmbiguous.LAST:
+    if dst.ambiguous == DstAmbiguous.LAST:
         return ((local_ms - off1, DstOutcome.AMBIGUOUS_LAST),)
     return (
         (local_ms - off0, DstOutcome.AMBIGUOUS_BOTH_1),
@@ -249,7 +252,7 @@ def _skip_rest_of_gap(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if _offset_at(tz, mid * 1000) == off1 else (mid, hi)
     resume = hi * 1000 + off1 - 1  # just before the first local time after the gap
-    if dst.nonexistent is DstNonexistent.SHIFT_FORWARD and local - off0 <= t0:
+    if dst.nonexistent == DstNonexistent.SHIFT_FORWARD and local - off0 <= t0:
         resume = min(resume, t0 + off0)  # first gap time whose shifted instant is past t0
     return max(resume, local)
 

@@ -262,7 +262,7 @@ def test_next_slot_is_strictly_after_and_increasing(
 
 
 SWEEP_ZONES = (NY, "Australia/Lord_Howe", "Pacific/Chatham", "America/Sao_Paulo")
-SWEEP_EXPRS = ("*/7 * * * *", "0,30 * * * *", "*/20 */7 * * * *", "15 2 * * *", "* * * * * *")
+SWEEP_EXPRS = ("*/7 * * * *", "0,30 * * * *", "*/20 */7 * * * *", "15 2 * * *", "45 2,3 * * *")
 
 
 @pytest.mark.parametrize("zone", SWEEP_ZONES)
@@ -419,6 +419,29 @@ def test_samoa_skipped_day_shifts_onto_next_day() -> None:
     for policy in (DstPolicy(), DstPolicy(nonexistent=DstNonexistent.SKIP)):
         got = slots_between(schedule, utc_ms(2011, 12, 28), utc_ms(2011, 12, 31), policy)
         assert got == want
+
+
+def test_every_second_across_both_transitions() -> None:
+    schedule = parse_cron("* * * * * *", NY)
+    spring, fall = utc_ms(2026, 3, 8, 7), utc_ms(2026, 11, 1, 6)
+    for dst in POLICIES:
+        got = preview(schedule, after_ms=spring - 2000, dst=dst, count=3)
+        # 01:59:59 EST, then 03:00:00 EDT (02:00:00 shifted lands on it), 03:00:01 EDT.
+        assert got == [Slot(scheduled_for_ms=spring + d) for d in (-1000, 0, 1000)]
+        # Inside the gap's shift window the shifted times are due; skipped ones are not.
+        shifted = next_slot(schedule, after_ms=spring + 1_800_000, dst=dst)
+        assert shifted is not None and shifted.scheduled_for_ms == spring + 1_801_000
+        if dst.nonexistent is DstNonexistent.SHIFT_FORWARD:
+            assert shifted.dst_outcome is None  # 02:30:01 shifted onto real 03:30:01
+        # From 01:59:58 EDT: the rest of the first pass, then per policy the second pass
+        # (01:00:00 EST = fall) or nothing until 02:00:00 EST.
+        want = {
+            DstAmbiguous.FIRST: [fall - 1000, fall + 3_600_000, fall + 3_601_000],
+            DstAmbiguous.LAST: [fall, fall + 1000, fall + 2000],
+            DstAmbiguous.BOTH: [fall - 1000, fall, fall + 1000],
+        }[dst.ambiguous]
+        got = preview(schedule, after_ms=fall - 2000, dst=dst, count=3)
+        assert [s.scheduled_for_ms for s in got] == want
 
 
 # --- cron dialect --------------------------------------------------------------------------

@@ -62,3 +62,22 @@ def _entry(msg: Any) -> Entry:
             pass
     return Entry(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
                  key=msg.key(), name=name, record=record, timestamp_ms=msg.timestamp()[1])
+
+
+def topic_offsets(bootstrap: str, topic: str, *,
+                  timeout_s: float = 30.0) -> dict[int, tuple[int, int]]:
+    """partition -> (low, high) watermarks of a topic: how much `read_topic` will read."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kron-reader-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "log_level": 3})
+    try:
+        md = consumer.list_topics(topic, timeout=timeout_s)
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise KeyError(f"topic {topic} does not exist")
+        out: dict[int, tuple[int, int]] = {}
+        for p in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout_s)
+            out[p] = (low, high)
+        return out
+    finally:
+        consumer.close()

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kron.localkafka import free_ports
 from kron.settings import Settings
 from tests.conftest import fresh_settings
 from tests.support.receiver import Receiver
-from kron.localkafka import free_ports
 from tests.support.stack import ApiProcess, Commands, WorkerProcess, spec
 
 

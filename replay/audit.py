@@ -1,0 +1,515 @@
+"""Audit a recorded history (kron.jobs + kron.executions) against the design's invariants.
+
+A pure function of the records: no Kafka, no clock (``now_ms`` is an argument). It takes the
+``JobState`` and ``ExecutionState`` records in offset order (records of one key in order;
+interleaving between keys and between the two topics does not matter) and reports:
+
+``duplicate_trigger``
+    * an ``execution.started`` record for the same (exec_id, attempt) written twice by
+      different events (different ``causation_id``): the slot or attempt fired twice;
+      a byte-identical redelivery (same causation) is allowed;
+    * a terminal execution (succeeded/failed/skipped/missed/cancelled) that later shows a
+      non-terminal state again;
+    * two different exec_ids for one (job_id, scheduled_for_ms) among the schedule, misfire
+      and backfill triggers (manual runs are separate executions by design).
+``lost_slot``
+    A slot of a job's schedule that the job's own history shows was passed, but that has no
+    execution record at all. Slots are enumerated between consecutive states of a job, with
+    the spec of the earlier state, from its ``next_run_at_ms`` (the armed slot):
+
+    * the next state has the same version and an armed slot: every slot before that one;
+    * otherwise (an update changed the spec, or the job completed or was deleted): every slot
+      up to the next state's ``cursor_ms``, and every slot whose (jittered) due time was at
+      least ``grace_ms`` before that state was written: an update or delete must not
+      swallow overdue slots silently.
+
+    The slot a job still has armed is pending, not lost, and so is the slot buffered by
+    ``overlap=queue`` while the job lives, and a slot a ``fire_all`` misfire paced until
+    ``fire_all_cap * PACE_MS`` after it. Slots after ``now_ms - grace_ms`` are not judged.
+    When the first state seen of a job is not its creation (the jobs topic is compacted) and
+    still at version 1, the gap from ``created_at_ms`` to it is judged with that spec; an
+    earlier version's history is gone, so before a later version nothing is judged. At most
+    ``max_slots`` slots are enumerated per job; a job cut short is listed in ``truncated``.
+``attempts_over_policy``
+    An execution record whose ``attempt`` exceeds ``retry.max_attempts`` of every spec
+    version in force between the execution's creation and that record; an attempt after one
+    whose outcome was ``permanent``.
+``stale_token``
+    A write whose ``fencing_token`` is lower than one already seen for the execution; an
+    attempt outcome recorded (or rewritten) when the previous record was not ``running`` with
+    that attempt's token; a terminal state overwritten by a different one.
+``cursor_backwards``
+    A job's ``cursor_ms`` decreasing (or being cleared) between consecutive states.
+
+One record yields at most one violation of each kind; findings of a kind are merged into its
+detail.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+from streams.domain.errors import PermanentError
+from streams.domain.policies import MisfireKind
+from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
+from streams.engine.core import PACE_MS, TERMINAL
+from streams.engine.spec import JobPlan, plan_of
+
+Record = dict[str, Any]
+
+DUPLICATE_TRIGGER = "duplicate_trigger"
+LOST_SLOT = "lost_slot"
+ATTEMPTS_OVER_POLICY = "attempts_over_policy"
+STALE_TOKEN = "stale_token"
+CURSOR_BACKWARDS = "cursor_backwards"
+KINDS = (DUPLICATE_TRIGGER, LOST_SLOT, ATTEMPTS_OVER_POLICY, STALE_TOKEN, CURSOR_BACKWARDS)
+
+SLOT_TRIGGERS = frozenset({"schedule", "misfire", "backfill"})
+DEFAULT_GRACE_MS = 10_000
+MAX_SLOTS_PER_JOB = 100_000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Violation:
+    kind: str
+    job_id: str
+    exec_id: str | None
+    scheduled_for_ms: int | None
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditReport:
+    violations: tuple[Violation, ...] = ()
+    jobs: int = 0  # JobState records read
+    executions: int = 0  # ExecutionState records read
+    slots_checked: int = 0  # distinct (job, slot) judged by the lost-slot check
+    truncated: tuple[str, ...] = ()  # job_ids whose slot enumeration hit the limit
+    notes: tuple[str, ...] = ()  # what could not be judged, and why
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def of_kind(self, kind: str) -> list[Violation]:
+        return [v for v in self.violations if v.kind == kind]
+
+    @property
+    def duplicate_triggers(self) -> list[Violation]:
+        return self.of_kind(DUPLICATE_TRIGGER)
+
+    @property
+    def lost_slots(self) -> list[Violation]:
+        return self.of_kind(LOST_SLOT)
+
+    @property
+    def attempts_over_policy(self) -> list[Violation]:
+        return self.of_kind(ATTEMPTS_OVER_POLICY)
+
+    @property
+    def stale_tokens(self) -> list[Violation]:
+        return self.of_kind(STALE_TOKEN)
+
+    @property
+    def cursors_backwards(self) -> list[Violation]:
+        return self.of_kind(CURSOR_BACKWARDS)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for v in self.violations:
+            out[v.kind] = out.get(v.kind, 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "counts": self.counts,
+            "violations": [asdict(v) for v in self.violations],
+            "executions": self.executions,
+            "jobs": self.jobs,
+            "slots_checked": self.slots_checked,
+            "truncated": list(self.truncated),
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=False)
+
+
+def iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+
+
+# --- collecting findings ------------------------------------------------------------------
+
+
+class _Findings:
+    """Violations, merged so one record (or slot) gives at most one per kind."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[Any, ...], tuple[str, str, str | None, int | None, list[str]]] = {}
+
+    def add(self, where: tuple[Any, ...], kind: str, *, job_id: str, exec_id: str | None,
+            scheduled_for_ms: int | None, detail: str) -> None:
+        key = (kind, *where)
+        item = self._items.get(key)
+        if item is None:
+            self._items[key] = (kind, job_id, exec_id, scheduled_for_ms, [detail])
+        elif detail not in item[4]:
+            item[4].append(detail)
+
+    def violations(self) -> tuple[Violation, ...]:
+        out = [Violation(kind=k, job_id=j, exec_id=e, scheduled_for_ms=s, detail="; ".join(d))
+               for k, j, e, s, d in self._items.values()]
+        out.sort(key=lambda v: (v.job_id, v.scheduled_for_ms if v.scheduled_for_ms is not None
+                                else -1, KINDS.index(v.kind) if v.kind in KINDS else 99,
+                                v.exec_id or ""))
+        return tuple(out)
+
+
+# --- executions ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _ExecSeen:
+    state: str
+    attempt: int
+    token: int
+    max_token: int
+    outcomes: dict[int, tuple[str | None, int]]  # attempt -> (outcome, fencing_token)
+    permanent_at: int | None  # the first attempt whose outcome was permanent
+    permanent_reported: bool = False
+    started_by: dict[int, str | None] = field(default_factory=dict)  # attempt -> causation
+
+
+def _outcomes(rec: Record) -> dict[int, tuple[str | None, int]]:
+    return {int(a["attempt"]): (a.get("outcome"), int(a["fencing_token"]))
+            for a in rec.get("attempts") or ()}
+
+
+def _check_execution(rec: Record, idx: int, seen: _ExecSeen | None, out: _Findings) -> _ExecSeen:
+    ex_id, job_id, slot = rec["exec_id"], rec["job_id"], rec["scheduled_for_ms"]
+    state, attempt, token = rec["state"], int(rec["attempt"]), int(rec["fencing_token"])
+    env = rec.get("envelope") or {}
+    event_type, causation = env.get("event_type"), env.get("causation_id")
+    outcomes = _outcomes(rec)
+    where = ("exec", idx)
+
+    def report(kind: str, detail: str) -> None:
+        out.add(where, kind, job_id=job_id, exec_id=ex_id, scheduled_for_ms=slot,
+                detail=detail)
+
+    if seen is None:
+        seen = _ExecSeen(state=state, attempt=attempt, token=token, max_token=token,
+                         outcomes={}, permanent_at=None)
+        prev_state: str | None = None
+        prev_token: int | None = None
+        prev_attempt: int | None = None
+    else:
+        prev_state, prev_token, prev_attempt = seen.state, seen.token, seen.attempt
+        if prev_state in TERMINAL and state != prev_state:
+            if state not in TERMINAL:
+                report(DUPLICATE_TRIGGER,
+                       f"terminal {prev_state} execution went back to {state} ({event_type})")
+            else:
+                report(STALE_TOKEN, f"terminal {prev_state} overwritten by {state}")
+        if token < seen.max_token:
+            report(STALE_TOKEN, f"{event_type} written with fencing token {token} after token "
+                                f"{seen.max_token} ({state})")
+
+    if event_type == "execution.started":
+        first = seen.started_by.setdefault(attempt, causation)
+        if first != causation:
+            what = "slot triggered" if attempt == 1 else f"attempt {attempt} dispatched"
+            report(DUPLICATE_TRIGGER, f"{what} twice: by {first!r} and by {causation!r}")
+
+    # An attempt's outcome may only be written by the report (or lease expiry) of the attempt
+    # that was running, with its token.
+    if prev_state is not None:
+        for n, (outcome, tok) in outcomes.items():
+            before = seen.outcomes.get(n)
+            if outcome is None or (before is not None and before[0] == outcome):
+                continue
+            if not (prev_state == "running" and prev_attempt == n and prev_token == tok):
+                report(STALE_TOKEN,
+                       f"attempt {n} outcome {outcome!r} (token {tok}) recorded while the "
+                       f"execution was {prev_state} with token {prev_token}, attempt "
+                       f"{prev_attempt}")
+
+    permanent = [n for n, (o, _) in outcomes.items() if o == "permanent"]
+    if permanent:
+        p = min(permanent)
+        seen.permanent_at = p if seen.permanent_at is None else min(seen.permanent_at, p)
+    if seen.permanent_at is not None and not seen.permanent_reported and (
+            attempt > seen.permanent_at or any(n > seen.permanent_at for n in outcomes)):
+        seen.permanent_reported = True
+        report(ATTEMPTS_OVER_POLICY,
+               f"attempt {attempt} after attempt {seen.permanent_at} failed permanently")
+
+    seen.state, seen.attempt, seen.token = state, attempt, token
+    seen.max_token = max(seen.max_token, token)
+    seen.outcomes = outcomes
+    return seen
+
+
+# --- jobs: spec versions in force over time -----------------------------------------------
+
+
+@dataclass(slots=True)
+class _Segment:
+    """A run of consecutive job states with one retry policy."""
+
+    since_ms: int
+    max_attempts: int | None
+
+
+class _Policy:
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+
+    def add(self, updated_at_ms: int, max_attempts: int | None) -> None:
+        if self.segments and self.segments[-1].max_attempts == max_attempts:
+            return
+        self.segments.append(_Segment(since_ms=updated_at_ms, max_attempts=max_attempts))
+
+    def allowed(self, created_ms: int, at_ms: int) -> int | None:
+        """The most attempts any policy in force from created_ms to at_ms allowed."""
+        segs = self.segments
+        if not segs:
+            return None
+        # The policy in force when the execution was created: the last one from strictly
+        # before it (one changed in the same millisecond may have come before or after).
+        start = 0
+        for i, seg in enumerate(segs):
+            if seg.since_ms < created_ms:
+                start = i
+        values = [s.max_attempts for i, s in enumerate(segs)
+                  if i == start or (i > start and s.since_ms <= at_ms)]
+        known = [v for v in values if v is not None]
+        if len(known) != len(values) or not known:
+            return None
+        return max(known)
+
+
+def _max_attempts(job: Record) -> int | None:
+    try:
+        return int(job["spec"]["retry"]["max_attempts"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# --- slots --------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=65_536)
+def _next(plan: JobPlan, after_ms: int) -> Slot | None:
+    return bounded_next_slot(plan.schedule, after_ms=after_ms, dst=plan.dst,
+                             start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+
+
+class _Plans:
+    """plan_of per job state, reused while the spec does not change."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Any, JobPlan | None]] = {}
+        self.bad: set[tuple[str, int]] = set()
+
+    def of(self, job: Record) -> JobPlan | None:
+        spec = job.get("spec")
+        last = self._last.get(job["job_id"])
+        if last is not None and last[0] == spec:
+            return last[1]
+        try:
+            plan: JobPlan | None = plan_of(spec) if isinstance(spec, dict) else None
+        except PermanentError:
+            plan = None
+        if plan is None:
+            self.bad.add((job["job_id"], int(job.get("version", 0))))
+        self._last[job["job_id"]] = (spec, plan)
+        return plan
+
+
+@dataclass(slots=True)
+class _SlotCheck:
+    job_id: str
+    slots: dict[tuple[str, int], set[str]]
+    now_ms: int
+    grace_ms: int
+    max_slots: int
+    final: Record
+    findings: _Findings
+    checked: set[int] = field(default_factory=set)
+    reported: set[int] = field(default_factory=set)
+    enumerated: int = 0
+    truncated: bool = False
+
+    def judge_pair(self, plan: JobPlan, a: Record, b: Record) -> None:
+        """Slots of a's spec that the transition to b shows were passed."""
+        start = a.get("next_run_at_ms")
+        if start is None or a.get("status") not in ("active", "paused"):
+            return
+        b_next: int | None = b.get("next_run_at_ms")
+        # Same spec and still armed: the series goes on from b's armed slot.
+        same_series = b.get("version") == a.get("version") and b_next is not None
+        cursor = b.get("cursor_ms")
+        changed_at = int(b.get("updated_at_ms", 0))
+        paced_until: int | None = None
+        if (same_series and (b.get("envelope") or {}).get("event_type") == "job.slot_fired"
+                and plan.misfire.kind == MisfireKind.FIRE_ALL):
+            paced_until = changed_at + plan.misfire.fire_all_cap * PACE_MS
+        slot = _next(plan, int(start) - 1)
+        while slot is not None and not self.truncated:
+            s = slot.scheduled_for_ms
+            if b_next is not None and same_series:
+                if s >= b_next:
+                    break
+            else:
+                due = apply_jitter(s, jitter_s=plan.jitter_s, job_id=self.job_id)
+                by_cursor = cursor is not None and s <= cursor
+                by_time = due <= changed_at - self.grace_ms
+                if not by_cursor and not by_time:
+                    if (cursor is None or s > cursor) and s > changed_at - self.grace_ms:
+                        break
+                    slot = _next(plan, s)
+                    continue
+            if s > self.now_ms - self.grace_ms:
+                break
+            self._judge(s, paced_until, b)
+            slot = _next(plan, s)
+
+    def _judge(self, s: int, paced_until: int | None, b: Record) -> None:
+        self.enumerated += 1
+        if self.enumerated > self.max_slots:
+            self.truncated = True
+            return
+        self.checked.add(s)
+        if self.slots.get((self.job_id, s)) or s in self.reported:
+            return
+        alive = self.final.get("status") != "deleted"
+        if alive and self.final.get("queued_slot_ms") == s:
+            return  # buffered by overlap=queue; starts when the running one finishes
+        if alive and paced_until is not None and self.now_ms < paced_until + self.grace_ms:
+            return  # a fire_all misfire paced it; its timer may not have fired yet
+        self.reported.add(s)
+        b_env = b.get("envelope") or {}
+        self.findings.add(("slot", self.job_id, s), LOST_SLOT, job_id=self.job_id,
+                          exec_id=None, scheduled_for_ms=s,
+                          detail=f"no execution record; the job passed it with "
+                                 f"{b_env.get('event_type')} at {iso(b.get('updated_at_ms'))} "
+                                 f"(version {b.get('version')})")
+
+
+def _virtual_creation(first: Record, plan: JobPlan) -> Record | None:
+    """The creation state of a job whose first visible state is a later one (compaction)."""
+    if first.get("version") != 1 or (first.get("envelope") or {}).get("event_type") == \
+            "job.created":
+        return None
+    created = int(first["created_at_ms"])
+    after = -1 if isinstance(plan.schedule, OneOffSchedule) else created - 1
+    slot = _next(plan, after)
+    return {**first, "status": "active", "cursor_ms": None, "updated_at_ms": created,
+            "next_run_at_ms": slot.scheduled_for_ms if slot else None,
+            "envelope": {**(first.get("envelope") or {}), "event_type": "job.created"}}
+
+
+# --- the audit ----------------------------------------------------------------------------
+
+
+def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
+          grace_ms: int = DEFAULT_GRACE_MS, max_slots: int = MAX_SLOTS_PER_JOB) -> AuditReport:
+    findings = _Findings()
+    notes: list[str] = []
+
+    # Jobs first: the lost-slot check needs every execution, so it runs last.
+    states: dict[str, list[Record]] = defaultdict(list)
+    policy: dict[str, _Policy] = defaultdict(_Policy)
+    n_jobs = 0
+    for idx, job in enumerate(jobs):
+        n_jobs += 1
+        job_id = job["job_id"]
+        history = states[job_id]
+        if history:
+            prev = history[-1]["cursor_ms"]
+            cur = job.get("cursor_ms")
+            if prev is not None and (cur is None or cur < prev):
+                findings.add(("job", idx), CURSOR_BACKWARDS, job_id=job_id, exec_id=None,
+                             scheduled_for_ms=cur,
+                             detail=f"cursor moved back from {iso(prev)} to {iso(cur)} "
+                                    f"({(job.get('envelope') or {}).get('event_type')})")
+        history.append(job)
+        policy[job_id].add(int(job.get("updated_at_ms", 0)), _max_attempts(job))
+
+    seen: dict[str, _ExecSeen] = {}
+    slots: dict[tuple[str, int], set[str]] = defaultdict(set)
+    over_policy: set[str] = set()
+    n_execs = 0
+    for idx, rec in enumerate(executions):
+        n_execs += 1
+        ex_id = rec["exec_id"]
+        seen[ex_id] = _check_execution(rec, idx, seen.get(ex_id), findings)
+        if rec.get("trigger") in SLOT_TRIGGERS:
+            slots[(rec["job_id"], int(rec["scheduled_for_ms"]))].add(ex_id)
+        if ex_id not in over_policy and rec["job_id"] in policy:
+            allowed = policy[rec["job_id"]].allowed(int(rec["created_at_ms"]),
+                                                    int(rec["updated_at_ms"]))
+            if allowed is not None and int(rec["attempt"]) > allowed:
+                over_policy.add(ex_id)
+                findings.add(("exec", idx), ATTEMPTS_OVER_POLICY, job_id=rec["job_id"],
+                             exec_id=ex_id, scheduled_for_ms=rec["scheduled_for_ms"],
+                             detail=f"attempt {rec['attempt']} but retry.max_attempts is "
+                                    f"{allowed}")
+
+    for (job_id, s), ids in slots.items():
+        if len(ids) > 1:
+            findings.add(("slot", job_id, s), DUPLICATE_TRIGGER, job_id=job_id, exec_id=None,
+                         scheduled_for_ms=s,
+                         detail=f"{len(ids)} executions for one slot: {sorted(ids)}")
+
+    plans = _Plans()
+    checked = 0
+    truncated: list[str] = []
+    for job_id, history in states.items():
+        check = _SlotCheck(job_id=job_id, slots=slots, now_ms=now_ms, grace_ms=grace_ms,
+                           max_slots=max_slots, final=history[-1], findings=findings)
+        first_plan = plans.of(history[0])
+        virtual = _virtual_creation(history[0], first_plan) if first_plan else None
+        if virtual is not None and first_plan is not None:
+            check.judge_pair(first_plan, virtual, history[0])
+        elif history[0].get("version") != 1 and \
+                (history[0].get("envelope") or {}).get("event_type") != "job.created":
+            notes.append(f"{job_id}: history before version {history[0].get('version')} is "
+                         "compacted away; its slots were not judged")
+        for a, b in _pairs(history):
+            plan = plans.of(a)
+            if plan is not None:
+                check.judge_pair(plan, a, b)
+        checked += len(check.checked)
+        if check.truncated:
+            truncated.append(job_id)
+    for job_id, version in sorted(plans.bad):
+        notes.append(f"{job_id}: spec of version {version} does not parse; its slots were "
+                     "not judged")
+
+    return AuditReport(violations=findings.violations(), jobs=n_jobs, executions=n_execs,
+                       slots_checked=checked, truncated=tuple(truncated), notes=tuple(notes))
+
+
+def _pairs(history: list[Record]) -> Iterator[tuple[Record, Record]]:
+    for i in range(1, len(history)):
+        yield history[i - 1], history[i]
+
+
+__all__ = ["KINDS", "AuditReport", "Violation", "audit", "iso"]
+

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path

@@ -88,7 +88,9 @@ def create_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
         try:
             fut.result(timeout=timeout_s)
         except Exception as exc:
+            # Metadata lags a fresh create, so "exists" here means someone beat us to it.
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise SetupError(f"creating topic {name} failed: {exc}") from exc
+            continue
         created.append(name)
     return created

@@ -26,8 +26,8 @@ test: setup lint
 	$(BIN)/pytest -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check streams schemas api replay kron tests
-	$(BIN)/mypy streams schemas api replay kron
+	$(BIN)/ruff check streams schemas api replay kron bench tests
+	$(BIN)/mypy streams schemas api replay kron bench
 
 down:
 	@test -x $(BIN)/kron && $(BIN)/kron dev down || echo "nothing to stop (no venv)"

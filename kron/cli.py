@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from bench.cli import bench_app
 from kron.errors import SetupError
 from kron.jobs_cli import jobs_app
 from kron.settings import Settings
@@ -26,6 +27,7 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(dev_app, name="dev")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(replay_app, name="replay")
+app.add_typer(bench_app, name="bench")
 
 
 def _fail(exc: Exception) -> None:

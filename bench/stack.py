@@ -1,0 +1,493 @@
+"""The stack a bench runs against: a broker on free ports, `kron worker`s, optionally the API.
+
+Everything lives under `.kron/bench-<pid>/` and is stopped and deleted on the way out,
+including on Ctrl-C and on errors (`Stack` is a context manager; tear-down ignores a second
+Ctrl-C so it can finish). Workers and the API run in their own sessions so a terminal's
+Ctrl-C reaches only the bench, which then stops them in order: API, workers, broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+from bench.jobs import CommandSink, http_target, job_spec
+from bench.receiver import HttpReceiver
+from bench.report import log
+from kron import localkafka
+from kron.errors import SetupError
+from kron.settings import Settings
+from kron.topics import admin_client, create_topics
+from replay.audit import AuditReport, audit
+from replay.reader import Entry, read_topic
+
+REPO = localkafka.REPO_ROOT
+PREFIX = "bench"
+JOB_STATE = "kron.state.JobState"
+EXECUTION_STATE = "kron.executions.ExecutionState"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SAMPLE_S = 0.5
+
+
+# --- sampling -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Usage:
+    """One process name's RSS peak and CPU; a restarted process keeps adding to its name."""
+
+    pid: int
+    peak_kb: int = 0
+    last_kb: int = 0
+    cpu_done: int = 0  # ticks of earlier pids under this name
+    cpu_now: int = 0  # ticks of the current pid
+    cpu_base: int = 0  # ticks at the last mark()
+
+    @property
+    def cpu_s(self) -> float:
+        return (self.cpu_done + self.cpu_now - self.cpu_base) / CLK_TCK
+
+
+def read_proc(pid: int) -> tuple[int, int] | None:
+    """(VmRSS kB, utime+stime ticks) of a live process, from /proc."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rss = next((int(line.split()[1]) for line in status.splitlines()
+                if line.startswith("VmRSS:")), 0)
+    # comm (field 2) may hold spaces; fields after the closing parenthesis are fixed.
+    fields = stat.rsplit(")", 1)[1].split()
+    return rss, int(fields[11]) + int(fields[12])
+
+
+class Sampler:
+    """Samples /proc every 0.5 s in a thread; peak RSS and CPU seconds per process name."""
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Usage] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def track(self, name: str, pid: int) -> None:
+        with self._lock:
+            u = self.usage.get(name)
+            if u is None:
+                self.usage[name] = Usage(pid=pid)
+            elif u.pid != pid:
+                u.cpu_done += u.cpu_now
+                u.cpu_now, u.pid = 0, pid
+        self.sample()
+
+    def sample(self) -> None:
+        with self._lock:
+            for u in self.usage.values():
+                got = read_proc(u.pid)
+                if got is not None:
+                    u.last_kb, u.cpu_now = got
+                    u.peak_kb = max(u.peak_kb, got[0])
+
+    def mark(self) -> None:
+        """Start of the measurement: CPU counts from here."""
+        self.sample()
+        with self._lock:
+            for u in self.usage.values():
+                u.cpu_base = u.cpu_done + u.cpu_now
+
+    def rss_mb(self, names: Iterable[str], *, peak: bool = True) -> dict[str, float]:
+        return {n: round((u.peak_kb if peak else u.last_kb) / 1024, 1)
+                for n in names if (u := self.usage.get(n))}
+
+    def cpu_s(self, names: Iterable[str]) -> dict[str, float]:
+        return {n: round(u.cpu_s, 2) for n in names if (u := self.usage.get(n))}
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.sample()
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Proc:
+    """A `python -m kron ...` child in its own session, logging to a file."""
+
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    expected_exit: bool = False  # set when the bench stops or kills it on purpose
+
+    def start(self) -> Proc:
+        with self.log_path.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "kron", *self.args], env=self.env, cwd=REPO,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        self.started = time.monotonic()
+        self.expected_exit = False
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        self.expected_exit = True
+        if self.alive():
+            assert self.popen is not None
+            self.popen.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> bool:
+        """True if it exited within the time."""
+        if self.popen is None:
+            return True
+        try:
+            self.popen.wait(timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait(10)
+
+    def tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+def stop_all(procs: list[Proc], grace_s: float = 20.0) -> None:
+    """SIGTERM all at once (a clean Faust shutdown takes seconds), SIGKILL what is left."""
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        if not p.wait(max(0.1, deadline - time.monotonic())):
+            p.kill()
+
+
+def du_bytes(path: Path) -> int:
+    """Disk used under path, as du counts it (allocated blocks)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+# --- the stack ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class History:
+    """What the run recorded: the audit's verdict and the raw execution records."""
+
+    report: AuditReport
+    executions: list[Entry] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        return len(self.report.lost_slots)
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.report.duplicate_triggers)
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """exec_id -> its latest ExecutionState."""
+        out: dict[str, dict[str, Any]] = {}
+        for e in self.executions:
+            assert e.record is not None
+            out[e.record["exec_id"]] = e.record
+        return out
+
+
+def executor_of(rec: dict[str, Any]) -> str | None:
+    """The worker that wrote an execution record: its `worker` field, else the envelope's."""
+    return rec.get("worker") or (rec.get("envelope") or {}).get("producer")
+
+
+class Stack:
+    def __init__(self, *, partitions: int = 8, session_timeout_s: float | None = None) -> None:
+        self.root = REPO / ".kron" / f"bench-{os.getpid()}"
+        self.partitions = partitions
+        self.session_timeout_s = session_timeout_s
+        self.api_key = secrets.token_urlsafe(16)
+        self.workers: dict[str, Proc] = {}
+        self.api: Proc | None = None
+        self.api_url = ""
+        self.cluster: localkafka.Cluster | None = None
+        self.sampler = Sampler()
+        self.receiver = HttpReceiver()
+        self._sink: CommandSink | None = None
+        self._wm: Consumer | None = None
+        self._probe_round = 0
+        self.last_probe_ids: list[str] = []
+        # Other load on the machine skews every number; the result records how much there was.
+        self.load_before = os.getloadavg()[0]
+
+    # lifecycle
+
+    def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException as exc:
+            self.close(failed=not isinstance(exc, KeyboardInterrupt))
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        # Logs are worth showing after an error, not after the user's own Ctrl-C.
+        self.close(failed=exc_type is not None and not issubclass(exc_type, KeyboardInterrupt))
+
+    def _start(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True)
+        self.cluster = localkafka.Cluster.plan_free_ports(root=self.root / "broker", size=1)
+        log(f"starting a Kafka broker on {self.cluster.bootstrap_servers} ...")
+        localkafka.start(self.cluster)
+        extra: dict[str, Any] = {}
+        if self.session_timeout_s is not None:
+            extra["session_timeout_s"] = self.session_timeout_s
+        self.settings = Settings(
+            bootstrap_servers=self.cluster.bootstrap_servers, topic_prefix=PREFIX,
+            partitions=self.partitions, data_dir=self.root / "data",
+            api_keys=f"bench={self.api_key}", allow_private_targets=True, **extra)
+        create_topics(self.settings)
+        self.sampler.start()
+        self.sampler.track("bench", os.getpid())
+        broker_pid = self.cluster.nodes[0].pid_file.read_text().strip()
+        self.sampler.track("broker", int(broker_pid))
+        self.receiver.start()
+        self._sink = CommandSink(self.settings)
+        self._wm = Consumer({"bootstrap.servers": self.settings.bootstrap_servers,
+                             "group.id": f"bench-wm-{uuid.uuid4()}", "log_level": 3})
+
+    def close(self, *, failed: bool = False) -> None:
+        """Stop everything started, in order; never raises.
+
+        Ctrl-C and SIGTERM are ignored meanwhile: an interrupt half-way through would leave
+        the broker running. Every step is bounded (SIGKILL after a grace period).
+        """
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = ({s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+                    if in_main else {})
+        try:
+            procs = ([self.api] if self.api else []) + list(self.workers.values())
+            if failed:
+                for p in procs:
+                    log(f"--- last lines of {p.name}'s log ---\n{p.tail(2000)}")
+            steps = [lambda: stop_all(procs), self.receiver.stop, self.sampler.stop]
+            if self._sink is not None:
+                steps.append(self._sink.close)
+            if self._wm is not None:
+                steps.append(self._wm.close)
+            if self.cluster is not None:
+                cluster = self.cluster
+                steps.append(lambda: localkafka.stop(cluster))
+            steps.append(lambda: shutil.rmtree(self.root, ignore_errors=True))
+            for step in steps:
+                try:
+                    step()
+                except BaseException as exc:  # keep going: the broker must stop regardless
+                    log(f"tear-down step failed: {exc!r}")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @property
+    def sink(self) -> CommandSink:
+        assert self._sink is not None
+        return self._sink
+
+    # processes
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A clean KRON_* environment: the caller's own KRON_* settings must not leak in."""
+        s = self.settings
+        base = {k: v for k, v in os.environ.items() if not k.startswith("KRON_")}
+        return {**base, "PYTHONPATH": str(REPO),
+                "KRON_BOOTSTRAP_SERVERS": s.bootstrap_servers, "KRON_TOPIC_PREFIX": PREFIX,
+                "KRON_PARTITIONS": str(s.partitions), "KRON_ALLOW_PRIVATE_TARGETS": "true",
+                "KRON_SESSION_TIMEOUT_S": str(s.session_timeout_s),
+                "KRON_API_KEYS": s.api_keys, **extra}
+
+    def worker_dir(self, name: str) -> Path:
+        return self.root / f"{name}-state"
+
+    def start_worker(self, name: str) -> Proc:
+        old = self.workers.get(name)
+        if old is not None and old.alive():
+            raise RuntimeError(f"worker {name} is already running")
+        proc = Proc(name=name, args=["worker"], log_path=self.root / f"{name}.log",
+                    env=self.env(KRON_DATA_DIR=str(self.worker_dir(name)),
+                                 KRON_WORKER_ID=name)).start()
+        self.workers[name] = proc
+        self.sampler.track(name, proc.pid)
+        return proc
+
+    def start_api(self, timeout_s: float = 90.0) -> str:
+        import httpx
+
+        port = localkafka.free_ports(1)[0]
+        self.api = Proc(name="api", args=["api"], log_path=self.root / "api.log", env=self.env(
+            KRON_API_HOST="127.0.0.1", KRON_API_PORT=str(port),
+            KRON_DATA_DIR=str(self.root / "api-state"),
+            # The bench measures the API's own cost, not the per-tenant limits.
+            KRON_TENANT_RATE_PER_S="1000000", KRON_TENANT_BURST="1000000",
+            KRON_TENANT_MAX_ACTIVE_JOBS="100000000")).start()
+        self.sampler.track("api", self.api.pid)
+        self.api_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.api.alive():
+                raise SetupError(f"kron api exited:\n{self.api.tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.api_url}/readyz", timeout=5).status_code == 200:
+                    return self.api_url
+            time.sleep(0.3)
+        raise SetupError(f"kron api not ready within {timeout_s:.0f}s:\n{self.api.tail()}")
+
+    def worker_names(self) -> list[str]:
+        return list(self.workers)
+
+    # Kafka
+
+    def create_target_topic(self, name: str) -> None:
+        """The Kafka target's topic. Broker time stamps give a second receive clock."""
+        admin = admin_client(self.settings)
+        futures = admin.create_topics([NewTopic(
+            name, num_partitions=self.partitions, replication_factor=1,
+            config={"message.timestamp.type": "LogAppendTime"})], request_timeout=30)
+        for fut in futures.values():
+            fut.result(30)
+
+    def count(self, name: str) -> int:
+        """Records ever written to a kron topic (sum of high watermarks; nothing is deleted
+        during a run: retention is days and compaction skips the active segment)."""
+        assert self._wm is not None
+        topic = self.settings.topic(name)
+        return sum(self._wm.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[1]
+                   for p in range(self.partitions))
+
+    def wait_count(self, name: str, target: int, timeout_s: float) -> float | None:
+        """Polls until `name` holds `target` records; the monotonic time it did, or None."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.count(name) >= target:
+                return time.monotonic()
+            time.sleep(0.1)
+        return None
+
+    # readiness
+
+    def probe(self, timeout_s: float) -> list[str] | None:
+        """One one-off job per partition, due now. Their job ids once all fired, else None.
+
+        A probe on every partition proves every partition has an owner that fires timers.
+        """
+        self._probe_round += 1
+        ids = [f"probe-{self._probe_round}-{p}" for p in range(self.partitions)]
+        spec = job_spec(target=http_target(f"{self.receiver.url}/probe"),
+                        run_at_ms=time.time_ns() // 1_000_000)
+        seen_upto = len(self.receiver.hits)
+        for p, job_id in enumerate(ids):
+            self.sink.create(job_id, spec, partition=p)
+        self.sink.flush()
+        want = set(ids)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name, proc in self.workers.items():
+                if not proc.alive() and not proc.expected_exit:
+                    raise SetupError(f"worker {name} exited:\n{proc.tail()}")
+            hits = self.receiver.hits
+            end = len(hits)
+            want.difference_update(h.job_id for h in hits[seen_upto:end])
+            seen_upto = end
+            if not want:
+                return ids
+            time.sleep(0.05)
+        return None
+
+    def wait_ready(self, timeout_s: float = 180.0) -> float:
+        """Until every live worker owns partitions and fires on all of them; seconds taken."""
+        started = time.monotonic()
+        live = {n for n, p in self.workers.items() if p.alive()}
+        for _ in range(30):  # bounded: each round ends by its own deadline
+            left = timeout_s - (time.monotonic() - started)
+            if left <= 0:
+                break
+            ids = self.probe(min(left, 90.0))
+            if ids is None:
+                continue
+            if len(live) <= 1 or live <= self.probe_owners(ids):
+                self.last_probe_ids = ids
+                return time.monotonic() - started
+            time.sleep(1.0)  # a later worker is still joining: let the rebalance settle
+        logs = "\n".join(f"--- {n} ---\n{p.tail(1500)}" for n, p in self.workers.items())
+        raise SetupError(f"workers not ready within {timeout_s:.0f}s\n{logs}")
+
+    def probe_owners(self, ids: list[str]) -> set[str]:
+        want = set(ids)
+        recs = (e.record for e in read_topic(self.settings.bootstrap_servers,
+                                             self.settings.topic("executions")))
+        return {w for r in recs if r and r["job_id"] in want and (w := executor_of(r))}
+
+    def partition_owners(self, ids: list[str]) -> dict[int, str]:
+        """partition -> worker that fired that partition's probe (ids from `probe`)."""
+        want = set(ids)
+        out: dict[int, str] = {}
+        for e in read_topic(self.settings.bootstrap_servers, self.settings.topic("executions")):
+            if e.record and e.record["job_id"] in want and (w := executor_of(e.record)):
+                out[e.partition] = w
+        return out
+
+    # history
+
+    def history(self, *, grace_ms: int) -> History:
+        """Reads kron.jobs and kron.executions back and audits them (replay.audit)."""
+        bootstrap = self.settings.bootstrap_servers
+        jobs = [e.record for e in read_topic(bootstrap, self.settings.topic("jobs"))
+                if e.name == JOB_STATE and e.record]
+        execs = [e for e in read_topic(bootstrap, self.settings.topic("executions"))
+                 if e.name == EXECUTION_STATE and e.record]
+        report = audit(jobs, (e.record for e in execs if e.record),
+                       now_ms=time.time_ns() // 1_000_000, grace_ms=grace_ms)
+        return History(report=report, executions=execs)

@@ -17,7 +17,7 @@ import orjson
 from streams.domain.cursor import advance_cursor
 from streams.domain.errors import PermanentError
 from streams.domain.ids import event_id, exec_id, manual_exec_id
-from streams.domain.misfire import resolve_misfire
+from streams.domain.misfire import MissReason, resolve_misfire
 from streams.domain.policies import MisfireKind, Overlap
 from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
@@ -201,6 +201,18 @@ class PartitionCore:
             raise PermanentError(f"job is at version {job['version']}, not {expected}",
                                  field="expected_version")
         plan = plan_of(cmd["spec"])
+        # Slots of the old spec already due are settled first, as the tick that should have
+        # come before this command would have: disarming must not make them vanish.
+        old = plan_of(job["spec"])
+        while job["next_run_at_ms"] is not None:
+            slot = bounded_next_slot(old.schedule, after_ms=job["next_run_at_ms"] - 1,
+                                     dst=old.dst, start_at_ms=old.start_at_ms,
+                                     end_at_ms=old.end_at_ms)
+            if slot is None or apply_jitter(slot.scheduled_for_ms, jitter_s=old.jitter_s,
+                                            job_id=job["job_id"]) > ctx.now_ms:
+                break
+            self.store.delete_timer(self._fire_key(job, slot.scheduled_for_ms, old))
+            self._fire_scheduled(job, slot, ctx)
         self._disarm(job)
         job["spec"] = cmd["spec"]
         job["version"] += 1
@@ -318,21 +330,29 @@ class PartitionCore:
     def _fire_scheduled(self, job: Record, slot: Slot, ctx: Context) -> None:
         plan = plan_of(job["spec"])
         paused = job["status"] == "paused"
+        # Late is measured from the jittered due time, and never from before the job existed
+        # (a one-off created with a past run_at is due, not late: the API judged the skew).
+        due = apply_jitter(slot.scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
+        overdue = ctx.now_ms - max(due, job["created_at_ms"]) > MISFIRE_GRACE_MS
         late = [slot]
-        if ctx.now_ms - slot.scheduled_for_ms > MISFIRE_GRACE_MS:
+        if overdue:
             late = self._late_slots(plan, slot, ctx.now_ms)
         last = late[-1].scheduled_for_ms
         job["cursor_ms"] = advance_cursor(job["cursor_ms"], last)
-        self._arm(job, plan, bounded_next_slot(
-            plan.schedule, after_ms=max(last, ctx.now_ms - MISFIRE_GRACE_MS), dst=plan.dst,
-            start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms))
+        # Arm the slot right after the last one handled. If MAX_LATE_SLOTS cut the late
+        # enumeration short, it is already due and the next tick judges the rest: skipping
+        # ahead to now would lose those slots without a trace.
+        nxt = bounded_next_slot(plan.schedule, after_ms=last, dst=plan.dst,
+                                start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        more = nxt is not None and nxt.scheduled_for_ms <= ctx.now_ms - MISFIRE_GRACE_MS
+        self._arm(job, plan, nxt)
         if paused:
             for s in late:
                 self._record_outcome(job, s, ctx, state="skipped", reason="paused")
-        elif len(late) == 1 and late[0] is slot:
+        elif not overdue:
             self._on_slot(job, plan, slot, ctx, trigger="schedule")
         else:
-            self._misfire(job, plan, late, ctx)
+            self._misfire(job, plan, late, ctx, more=more)
         self._save_job(ctx, job, "job.slot_fired")
 
     def _late_slots(self, plan: JobPlan, first: Slot, now_ms: int) -> list[Slot]:
@@ -347,22 +367,33 @@ class PartitionCore:
                                     start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
         return slots
 
-    def _misfire(self, job: Record, plan: JobPlan, late: list[Slot], ctx: Context) -> None:
+    def _misfire(self, job: Record, plan: JobPlan, late: list[Slot], ctx: Context, *,
+                 more: bool = False) -> None:
         decision = resolve_misfire(late_slots=late, now_ms=ctx.now_ms, policy=plan.misfire)
-        for slot, reason in decision.missed:
+        fire, missed = decision.fire, decision.missed
+        if more and plan.misfire.kind != MisfireKind.SKIP_IF_LATE_BY:
+            # Newer late slots follow in the next tick, so none of these is among the newest
+            # that fire_once / fire_all keep.
+            why = (MissReason.COALESCED if plan.misfire.kind == MisfireKind.FIRE_ONCE
+                   else MissReason.FIRE_ALL_CAP)
+            fire, missed = [], [(s, str(why)) for s in late]
+        for slot, reason in missed:
             self._record_outcome(job, slot, ctx, state="missed", reason=reason)
         if plan.misfire.kind == MisfireKind.FIRE_ALL:
-            for i, slot in enumerate(decision.fire):
+            for i, slot in enumerate(fire):
                 self._put_paced(job, slot, ctx.now_ms + i * PACE_MS, "misfire")
             return
-        for slot in decision.fire:
+        for slot in fire:
             self._on_slot(job, plan, slot, ctx, trigger="misfire")
 
     def _fire_paced(self, job: Record, slot: Slot, trigger: str, ctx: Context) -> None:
         if job["status"] == "deleted":
             return
-        plan = plan_of(job["spec"])
-        self._on_slot(job, plan, slot, ctx, trigger=trigger)
+        if job["status"] == "paused" and trigger == "misfire":
+            # Paused before its paced turn came: it starts no run, like any slot while paused.
+            self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
+        else:
+            self._on_slot(job, plan_of(job["spec"]), slot, ctx, trigger=trigger)
         self._save_job(ctx, job, "job.slot_fired")
 
     def _record_outcome(self, job: Record, slot: Slot, ctx: Context, *, state: str,
@@ -482,7 +513,9 @@ class PartitionCore:
         kind = name.rsplit(".", 1)[-1]
         if kind == "ExecutionHeartbeat":
             self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
-            ex["lease_until_ms"] = rep["lease_until_ms"]
+            # Only ever extend: a duplicated or reordered heartbeat must not pull the lease
+            # back in and expire a live attempt.
+            ex["lease_until_ms"] = max(ex["lease_until_ms"] or 0, rep["lease_until_ms"])
             self._put_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
             self._save_exec(ctx, ex, "execution.heartbeat")
         elif kind == "ExecutionSucceeded":
@@ -535,17 +568,20 @@ class PartitionCore:
         }
 
     def _finish(self, job: Record, ex: Record, ctx: Context, event_type: str) -> None:
-        """Terminal state; a queued slot (overlap=queue) starts now."""
+        """Terminal state; a queued slot (overlap=queue) starts now, or is skipped if paused."""
         ex["lease_until_ms"] = None
         self._save_exec(ctx, ex, event_type)
         _discard(job["running"], ex["exec_id"])
         queued = job["queued_slot_ms"]
         if queued is not None and not job["running"] and job["status"] != "deleted":
             job["queued_slot_ms"] = None
-            self._start_execution(job, plan_of(job["spec"]), ctx,
-                                  ex_id=exec_id(job["job_id"], queued),
-                                  slot=Slot(scheduled_for_ms=queued, dst_outcome=None),
-                                  trigger="schedule")
+            slot = Slot(scheduled_for_ms=queued, dst_outcome=None)
+            if job["status"] == "paused":  # a paused job starts no scheduled run
+                self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
+            else:
+                self._start_execution(job, plan_of(job["spec"]), ctx,
+                                      ex_id=exec_id(job["job_id"], queued), slot=slot,
+                                      trigger="schedule")
         if job["next_run_at_ms"] is None and not job["running"] and job["status"] == "active":
             job["status"] = "completed"
         self._save_job(ctx, job, "job.execution_finished")

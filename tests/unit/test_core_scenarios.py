@@ -1,0 +1,464 @@
+"""PartitionCore, example by example: DST, misfire, overlap, fencing, leases and pause.
+
+Each test drives one partition's core over a MemoryStore with explicit times; the property
+simulation in test_core_properties.py covers the same ground with random interleavings.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from unittest import mock
+
+from streams.domain.ids import exec_id
+from streams.domain.timer import TimerKind, decode_timer_key
+from streams.engine import core as core_module
+from streams.engine.core import (
+    MISFIRE_GRACE_MS,
+    Cancel,
+    Context,
+    Dispatch,
+    Effect,
+    Emit,
+    PartitionCore,
+)
+from streams.engine.store import MemoryStore, Record
+from tests.support.stack import spec
+
+TARGET = {"url": "http://target.invalid/hook"}
+SEC = 1000
+MIN = 60 * SEC
+
+
+def utc(*args: int) -> int:
+    return int(datetime(*args, tzinfo=UTC).timestamp() * 1000)  # type: ignore[misc]
+
+
+class Partition:
+    """One partition owner: feeds the core commands, ticks and reports at explicit times."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.store = MemoryStore()
+        self.core = PartitionCore(self.store)
+        self.now = now_ms
+        self.n = 0
+
+    def _ctx(self) -> Context:
+        self.n += 1
+        return Context(now_ms=self.now, causation_id=f"ev-{self.n}", worker="w1", epoch=1)
+
+    def command(self, kind: str, job_id: str, *, command_id: str | None = None,
+                **fields: Any) -> list[Effect]:
+        self.n += 1
+        cid = command_id or f"cmd-{self.n}"
+        record = {
+            "envelope": {"event_id": cid, "event_type": f"job.{kind.lower()}_requested",
+                         "schema_version": 1, "occurred_at_ms": self.now, "tenant": "acme",
+                         "causation_id": None, "correlation_id": None, "producer": "tests"},
+            "command_id": cid, "job_id": job_id, **fields,
+        }
+        return self.core.on_command(f"kron.commands.{kind}", record, self._ctx())
+
+    def create(self, job_id: str, **spec_fields: Any) -> list[Effect]:
+        s = spec(target=TARGET, **spec_fields)
+        return self.command("CreateJob", job_id, spec=s, idempotency_key=None)
+
+    def tick(self, at_ms: int | None = None) -> list[Effect]:
+        if at_ms is not None:
+            assert at_ms >= self.now
+            self.now = at_ms
+        effects, more = self.core.on_tick(self._ctx())
+        assert not more
+        return effects
+
+    def ticks(self, until_ms: int, every_ms: int) -> list[Effect]:
+        """A healthy ticker: ticks every `every_ms` up to `until_ms`, inclusive."""
+        out: list[Effect] = []
+        while self.now + every_ms <= until_ms:
+            out += self.tick(self.now + every_ms)
+        return out
+
+    def report(self, d: Dispatch, outcome: str, *, token: int | None = None,
+               **extra: Any) -> list[Effect]:
+        rec: Record = {
+            "envelope": {"event_id": f"rep-{self.n}", "event_type": "execution.report",
+                         "schema_version": 1, "occurred_at_ms": self.now, "tenant": "acme",
+                         "causation_id": d.exec_id, "correlation_id": d.job_id,
+                         "producer": "executor"},
+            "exec_id": d.exec_id, "job_id": d.job_id, "scheduled_for_ms": d.scheduled_for_ms,
+            "owner_epoch": 0, "attempt": d.attempt,
+            "fencing_token": d.fencing_token if token is None else token,
+        }
+        if outcome == "heartbeat":
+            rec["lease_until_ms"] = extra["lease_until_ms"]
+            return self.core.on_report("kron.executions.ExecutionHeartbeat", rec, self._ctx())
+        rec.update(started_at_ms=self.now, finished_at_ms=self.now)
+        if outcome == "success":
+            rec.update(status_code=200, response_excerpt=None)
+            return self.core.on_report("kron.executions.ExecutionSucceeded", rec, self._ctx())
+        rec.update(error_class=outcome, error=f"failed: {outcome}", final=False,
+                   status_code=extra.get("status_code"),
+                   retry_after_s=extra.get("retry_after_s"))
+        return self.core.on_report("kron.executions.ExecutionFailed", rec, self._ctx())
+
+    def job(self, job_id: str) -> Record:
+        job = self.store.job(job_id)
+        assert job is not None
+        return job
+
+    def execs(self, job_id: str) -> list[Record]:
+        return sorted((e for e in self.store.executions.values() if e["job_id"] == job_id),
+                      key=lambda e: e["scheduled_for_ms"])
+
+    def ex(self, job_id: str, slot_ms: int) -> Record:
+        ex = self.store.execution(exec_id(job_id, slot_ms))
+        assert ex is not None, f"no execution for {slot_ms}"
+        return ex
+
+    def timers(self, job_id: str) -> list[tuple[int, TimerKind, str]]:
+        keys = [decode_timer_key(k) for k in self.store.timers]
+        return sorted((k.due_ms, k.kind, k.ref) for k in keys if k.job_id == job_id)
+
+
+def dispatches(effects: list[Effect]) -> list[Dispatch]:
+    return [e for e in effects if isinstance(e, Dispatch)]
+
+
+def by_state(execs: list[Record]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for e in execs:
+        out.setdefault(e["state"], []).append(e["scheduled_for_ms"])
+    return out
+
+
+# --- DST ---------------------------------------------------------------------------------------
+
+DST_DAY = utc(2026, 3, 8)  # New York springs forward at 02:00 EST = 07:00Z
+
+
+def test_dst_gap_shift_forward_fires_once_after_the_gap() -> None:
+    p = Partition(utc(2026, 3, 7, 12))
+    p.create("j", cron="30 2 * * *", tz="America/New_York",
+             dst={"nonexistent": "shift_forward"})
+    # 02:30 does not exist on 2026-03-08; moved by the gap's length it is 03:30 EDT.
+    assert p.job("j")["next_run_at_ms"] == utc(2026, 3, 8, 7, 30)
+    assert p.ticks(utc(2026, 3, 8, 7, 29, 59), 10 * MIN) == []
+    fired = dispatches(p.tick(utc(2026, 3, 8, 7, 30)))
+    assert [d.scheduled_for_ms for d in fired] == [utc(2026, 3, 8, 7, 30)]
+    ex = p.ex("j", utc(2026, 3, 8, 7, 30))
+    assert ex["dst_outcome"] == "shifted_forward" and ex["trigger"] == "schedule"
+    # The next day is ordinary again: 02:30 EDT.
+    assert p.job("j")["next_run_at_ms"] == utc(2026, 3, 9, 6, 30)
+    assert len(p.execs("j")) == 1
+
+
+def test_dst_gap_skip_records_nothing_for_that_day() -> None:
+    p = Partition(utc(2026, 3, 7, 12))
+    p.create("j", cron="30 2 * * *", tz="America/New_York", dst={"nonexistent": "skip"})
+    assert p.job("j")["next_run_at_ms"] == utc(2026, 3, 9, 6, 30)
+    assert p.ticks(utc(2026, 3, 9, 6, 29), 10 * MIN) == []
+    assert p.execs("j") == []  # not fired, and not "missed" either: it is no slot at all
+    fired = dispatches(p.tick(utc(2026, 3, 9, 6, 30)))
+    assert [d.scheduled_for_ms for d in fired] == [utc(2026, 3, 9, 6, 30)]
+
+
+# --- misfire -----------------------------------------------------------------------------------
+
+T0 = utc(2026, 1, 5)
+
+
+def test_fire_once_after_an_hour_of_downtime_coalesces_into_one_run() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="*/10 * * * *", lease_s=600.0)
+    [first] = dispatches(p.ticks(T0 + 10 * MIN + SEC, 10 * SEC))
+    p.report(first, "success")
+    # The owner is gone from 00:10:01 until 01:10:30: six slots (00:20 .. 01:10) are late.
+    effects = p.tick(T0 + 70 * MIN + 30 * SEC)
+    [run] = dispatches(effects)
+    assert run.scheduled_for_ms == T0 + 70 * MIN
+    states = by_state(p.execs("j"))
+    assert states["missed"] == [T0 + m * MIN for m in (20, 30, 40, 50, 60)]
+    assert {e["reason"] for e in p.execs("j") if e["state"] == "missed"} == {"coalesced"}
+    assert p.ex("j", run.scheduled_for_ms)["trigger"] == "misfire"
+    job = p.job("j")
+    assert job["cursor_ms"] == T0 + 70 * MIN and job["next_run_at_ms"] == T0 + 80 * MIN
+
+
+def test_skip_if_late_by_misses_old_slots_and_fires_recent_ones() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="*/10 * * * *", lease_s=600.0,
+             misfire={"kind": "skip_if_late_by", "late_by_s": 900.0})
+    # Down from the start until 00:52: 00:10, 00:20, 00:30 are > 15 min late; 00:40, 00:50 not.
+    effects = p.tick(T0 + 52 * MIN)
+    assert sorted(d.scheduled_for_ms for d in dispatches(effects)) == [T0 + 40 * MIN,
+                                                                        T0 + 50 * MIN]
+    states = by_state(p.execs("j"))
+    assert states["missed"] == [T0 + 10 * MIN, T0 + 20 * MIN, T0 + 30 * MIN]
+    assert {e["reason"] for e in p.execs("j") if e["state"] == "missed"} == {
+        "late_by_exceeded"}
+
+
+def test_skip_if_late_by_applies_to_a_single_late_slot_too() -> None:
+    """An hourly job whose owner was down from 00:59 to 01:10 has one late slot, 10 min late:
+    with late_by 60 s it must be missed, not run as if it were on time."""
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", misfire={"kind": "skip_if_late_by", "late_by_s": 60.0})
+    p.ticks(T0 + 59 * MIN, MIN)
+    effects = p.tick(T0 + 70 * MIN)
+    assert dispatches(effects) == []
+    [ex] = p.execs("j")
+    assert (ex["scheduled_for_ms"], ex["state"], ex["reason"]) == (
+        T0 + 60 * MIN, "missed", "late_by_exceeded")
+    assert p.job("j")["next_run_at_ms"] == T0 + 120 * MIN
+
+
+def test_skip_if_late_by_fires_a_single_slot_within_the_limit() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", misfire={"kind": "skip_if_late_by", "late_by_s": 900.0})
+    p.ticks(T0 + 59 * MIN, MIN)
+    [run] = dispatches(p.tick(T0 + 70 * MIN))
+    assert run.scheduled_for_ms == T0 + 60 * MIN
+
+
+def test_a_slot_found_within_the_grace_fires_normally() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", misfire={"kind": "skip_if_late_by", "late_by_s": 0.0})
+    p.ticks(T0 + 59 * MIN, MIN)
+    [run] = dispatches(p.tick(T0 + 60 * MIN + MISFIRE_GRACE_MS))
+    assert p.ex("j", run.scheduled_for_ms)["trigger"] == "schedule"
+
+
+def test_one_off_created_with_a_past_run_at_still_fires() -> None:
+    """The API judged the skew: a one-off is due at run_at even if that already passed."""
+    p = Partition(T0)
+    p.create("j", run_at_ms=T0 - 10 * MIN,
+             misfire={"kind": "skip_if_late_by", "late_by_s": 60.0})
+    [run] = dispatches(p.tick(T0 + SEC))
+    assert run.scheduled_for_ms == T0 - 10 * MIN
+
+
+def test_fire_all_is_capped_and_paced_through_timers() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="*/10 * * * *", lease_s=600.0,
+             misfire={"kind": "fire_all", "fire_all_cap": 3})
+    now = T0 + 62 * MIN  # six late slots: 00:10 .. 01:00
+    assert dispatches(p.tick(now)) == []  # nothing starts in the tick that finds them
+    assert by_state(p.execs("j"))["missed"] == [T0 + m * MIN for m in (10, 20, 30)]
+    paced = [(due, ref) for due, kind, ref in p.timers("j") if kind == TimerKind.FIRE and ref]
+    assert paced == [(now + i * core_module.PACE_MS, f"misfire:{T0 + m * MIN}")
+                     for i, m in enumerate((40, 50, 60))]
+    started = []
+    for i in range(3):
+        started += [d.scheduled_for_ms for d in dispatches(p.tick(now + i * core_module.PACE_MS))]
+    assert started == [T0 + 40 * MIN, T0 + 50 * MIN, T0 + 60 * MIN]
+    assert {p.ex("j", s)["trigger"] for s in started} == {"misfire"}
+    assert p.job("j")["next_run_at_ms"] == T0 + 70 * MIN
+
+
+def test_more_late_slots_than_one_tick_may_enumerate_are_all_accounted_for() -> None:
+    """A per-second job whose owner was down 3 h has 10,800 late slots, more than
+    MAX_LATE_SLOTS: the rest is judged by the following ticks, none silently dropped, and
+    fire_once still runs only the newest."""
+    p = Partition(T0)
+    p.create("j", cron="* * * * * *")
+    now = T0 + 3 * 3600 * SEC
+    started = dispatches(p.tick(now))  # slots 0 .. 9,999: all older than the newest
+    assert started == [] and len(p.execs("j")) == core_module.MAX_LATE_SLOTS
+    started = dispatches(p.tick(now))  # the next tick (at once: its timer is due) goes on
+    execs = p.execs("j")
+    slots = [e["scheduled_for_ms"] for e in execs]
+    newest = now - MISFIRE_GRACE_MS
+    assert slots == list(range(T0, newest + 1, SEC))
+    assert [d.scheduled_for_ms for d in started] == [newest]
+    assert len(by_state(execs)["missed"]) == len(slots) - 1
+    assert p.job("j")["next_run_at_ms"] == newest + SEC
+
+
+def test_late_slots_beyond_the_enumeration_cap_are_judged_by_policy() -> None:
+    with mock.patch.object(core_module, "MAX_LATE_SLOTS", 4):
+        p = Partition(T0 + 30 * SEC)
+        p.create("once", cron="*/10 * * * *", lease_s=600.0)
+        p.create("late", cron="*/10 * * * *", lease_s=600.0,
+                 misfire={"kind": "skip_if_late_by", "late_by_s": 1400.0})
+        now = T0 + 95 * MIN  # nine late slots, 00:10 .. 01:30
+        started = []
+        for _ in range(3):
+            started += dispatches(p.tick(now))
+    assert [d.scheduled_for_ms for d in started if d.job_id == "once"] == [T0 + 90 * MIN]
+    assert sorted(d.scheduled_for_ms for d in started if d.job_id == "late") == [
+        T0 + m * MIN for m in (80, 90)]
+    for job_id in ("once", "late"):
+        assert [e["scheduled_for_ms"] for e in p.execs(job_id)] == [
+            T0 + m * MIN for m in range(10, 91, 10)]
+        assert p.job(job_id)["next_run_at_ms"] == T0 + 100 * MIN
+
+
+# --- overlap -----------------------------------------------------------------------------------
+
+
+def test_overlap_queue_buffers_one_slot_and_skips_the_rest() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="* * * * *", overlap="queue", lease_s=3600.0)
+    [first] = dispatches(p.tick(T0 + MIN))
+    assert dispatches(p.tick(T0 + 2 * MIN)) == []
+    assert p.job("j")["queued_slot_ms"] == T0 + 2 * MIN
+    assert dispatches(p.tick(T0 + 3 * MIN)) == []
+    assert (p.ex("j", T0 + 3 * MIN)["state"], p.ex("j", T0 + 3 * MIN)["reason"]) == (
+        "skipped", "overlap: queue full")
+    [queued] = dispatches(p.report(first, "success"))
+    assert queued.scheduled_for_ms == T0 + 2 * MIN
+    assert p.job("j")["queued_slot_ms"] is None
+    assert p.job("j")["running"] == [queued.exec_id]
+
+
+def test_overlap_replace_cancels_and_fences_the_running_attempt() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="* * * * *", overlap="replace", lease_s=3600.0)
+    [old] = dispatches(p.tick(T0 + MIN))
+    effects = p.tick(T0 + 2 * MIN)
+    assert [type(e) for e in effects] == [Cancel, Dispatch]
+    cancel, new = effects
+    assert isinstance(cancel, Cancel) and isinstance(new, Dispatch)
+    assert (cancel.exec_id, cancel.fencing_token) == (old.exec_id, 1)
+    cancelled = p.ex("j", T0 + MIN)
+    assert (cancelled["state"], cancelled["fencing_token"]) == ("cancelled", 2)
+    # The cancelled attempt's late report carries token 1: rejected, nothing changes.
+    before = (dict(p.store.executions), dict(p.store.jobs), dict(p.store.timers))
+    assert p.report(old, "success") == []
+    assert p.core.stale_rejected == 1
+    assert (dict(p.store.executions), dict(p.store.jobs), dict(p.store.timers)) == before
+    assert p.job("j")["running"] == [new.exec_id]
+
+
+# --- attempts, fencing, leases -----------------------------------------------------------------
+
+
+def test_a_permanent_failure_is_final_and_alerts() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="* * * * *", retry={"max_attempts": 4})
+    [d] = dispatches(p.tick(T0 + MIN))
+    effects = p.report(d, "permanent", status_code=400)
+    assert dispatches(effects) == []
+    assert [e.topic for e in effects if isinstance(e, Emit)] == ["dead-letters"]
+    ex = p.ex("j", T0 + MIN)
+    assert (ex["state"], ex["attempt"]) == ("failed", 1)
+    assert p.ticks(T0 + MIN + 10 * MIN, 30 * SEC) and p.ex("j", T0 + MIN)["attempt"] == 1
+
+
+def test_transient_failures_retry_up_to_max_attempts_honouring_retry_after() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", retry={"max_attempts": 2, "base_s": 0.2, "max_s": 1.0})
+    [d1] = dispatches(p.tick(T0 + 60 * MIN))
+    p.report(d1, "transient", status_code=503, retry_after_s=30.0)
+    ex = p.ex("j", d1.scheduled_for_ms)
+    assert ex["state"] == "retry_pending" and ex["retry_at_ms"] >= p.now + 30 * SEC
+    assert dispatches(p.tick(p.now + 29 * SEC)) == []
+    [d2] = dispatches(p.tick(ex["retry_at_ms"]))
+    assert (d2.exec_id, d2.attempt, d2.fencing_token) == (d1.exec_id, 2, 2)
+    p.report(d2, "transient", status_code=503)
+    assert p.ex("j", d1.scheduled_for_ms)["state"] == "failed"
+
+
+def test_a_lost_dispatch_is_recovered_by_lease_expiry_as_the_next_attempt() -> None:
+    """The owner crashed after writing attempt 1 but before handing it to the executor;
+    redelivery changes nothing, only the lease timer brings the slot back, as attempt 2."""
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", lease_s=10.0)
+    [d1] = dispatches(p.tick(T0 + 60 * MIN))  # ... and the effect is lost with the process
+    p.core = PartitionCore(p.store)  # restart over the same state
+    assert p.tick() == []  # the redelivered tick finds its timer gone
+    assert dispatches(p.tick(T0 + 60 * MIN + 9 * SEC)) == []
+    assert dispatches(p.tick(T0 + 60 * MIN + 10 * SEC)) == []  # the lease ran out
+    ex = p.ex("j", T0 + 60 * MIN)
+    assert ex["state"] == "retry_pending" and ex["attempts"][0]["outcome"] == "lease_expired"
+    [d2] = dispatches(p.tick(ex["retry_at_ms"]))
+    assert (d2.exec_id, d2.attempt, d2.fencing_token) == (d1.exec_id, 2, 2)
+    # A zombie report of attempt 1 is fenced.
+    before = dict(p.store.executions)
+    assert p.report(d1, "success") == [] and dict(p.store.executions) == before
+
+
+def test_a_duplicated_heartbeat_never_pulls_the_lease_back_in() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", lease_s=30.0)
+    [d] = dispatches(p.tick(T0 + 60 * MIN))
+    p.now += 10 * SEC
+    p.report(d, "heartbeat", lease_until_ms=p.now + 30 * SEC)
+    p.now += 10 * SEC
+    p.report(d, "heartbeat", lease_until_ms=p.now + 30 * SEC)
+    lease = p.ex("j", d.scheduled_for_ms)["lease_until_ms"]
+    # The first heartbeat arrives once more (a producer retry).
+    p.report(d, "heartbeat", lease_until_ms=p.now - 10 * SEC + 30 * SEC)
+    assert p.ex("j", d.scheduled_for_ms)["lease_until_ms"] == lease
+    assert [due for due, kind, _ in p.timers("j") if kind == TimerKind.LEASE] == [lease]
+    assert dispatches(p.tick(lease - 1)) == []
+    assert p.ex("j", d.scheduled_for_ms)["state"] == "running"
+
+
+def test_redelivered_commands_are_no_ops() -> None:
+    p = Partition(T0 + 30 * SEC)
+    s = spec(target=TARGET, cron="0 * * * *")
+    p.command("CreateJob", "j", command_id="c-create", spec=s, idempotency_key=None)
+    [run] = dispatches(p.command("TriggerJob", "j", command_id="c-run"))
+    assert run.scheduled_for_ms == p.now
+    log = len(p.store.log)
+    assert p.command("CreateJob", "j", command_id="c-create", spec=s,
+                     idempotency_key=None) == []
+    assert p.command("TriggerJob", "j", command_id="c-run") == []
+    assert len(p.store.log) == log
+    assert [e["trigger"] for e in p.execs("j")] == ["manual"]
+
+
+# --- pause -------------------------------------------------------------------------------------
+
+
+def test_slots_due_while_paused_are_recorded_as_skipped() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="*/10 * * * *")
+    p.command("PauseJob", "j")
+    assert dispatches(p.ticks(T0 + 35 * MIN, MIN)) == []
+    assert by_state(p.execs("j")) == {"skipped": [T0 + m * MIN for m in (10, 20, 30)]}
+    p.command("ResumeJob", "j")
+    [run] = dispatches(p.ticks(T0 + 41 * MIN, MIN))
+    assert run.scheduled_for_ms == T0 + 40 * MIN
+
+
+def test_pause_stops_paced_misfire_runs_that_have_not_started() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="*/10 * * * *", lease_s=600.0,
+             misfire={"kind": "fire_all", "fire_all_cap": 100})
+    now = T0 + 32 * MIN  # 00:10, 00:20, 00:30 late, paced at now, +100 ms, +200 ms
+    p.tick(now)
+    [first] = dispatches(p.tick(now))
+    assert first.scheduled_for_ms == T0 + 10 * MIN
+    p.command("PauseJob", "j")
+    assert dispatches(p.tick(now + 1000)) == []
+    states = by_state(p.execs("j"))
+    assert states == {"running": [T0 + 10 * MIN], "skipped": [T0 + 20 * MIN, T0 + 30 * MIN]}
+    assert {e["reason"] for e in p.execs("j") if e["state"] == "skipped"} == {"paused"}
+
+
+def test_pause_stops_the_queued_slot_from_starting() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="* * * * *", overlap="queue", lease_s=3600.0)
+    [first] = dispatches(p.tick(T0 + MIN))
+    p.tick(T0 + 2 * MIN)
+    assert p.job("j")["queued_slot_ms"] == T0 + 2 * MIN
+    p.command("PauseJob", "j")
+    assert dispatches(p.report(first, "success")) == []
+    queued = p.ex("j", T0 + 2 * MIN)
+    assert (queued["state"], queued["reason"]) == ("skipped", "paused")
+    assert p.job("j")["queued_slot_ms"] is None and p.job("j")["running"] == []
+
+
+def test_trigger_while_paused_runs_and_delete_cancels() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", retry={"max_attempts": 3})
+    p.command("PauseJob", "j")
+    [manual] = dispatches(p.command("TriggerJob", "j"))
+    effects = p.command("DeleteJob", "j")
+    assert [(type(e), e.exec_id) for e in effects] == [(Cancel, manual.exec_id)]
+    job = p.job("j")
+    assert (job["status"], job["next_run_at_ms"], job["running"]) == ("deleted", None, [])
+    assert p.timers("j") == []
+    assert p.report(manual, "success") == []

@@ -24,6 +24,9 @@ class CommandPublisher:
             "bootstrap.servers": settings.bootstrap_servers,
             "acks": "all",
             "enable.idempotence": True,
+            # Java's partitioner: a job's commands land on one partition whichever client
+            # (API, Java service, Faust) produced them.
+            "partitioner": "murmur2_random",
             "linger.ms": 2,
             "message.timeout.ms": 10_000,
             "log_level": 2,

@@ -64,6 +64,7 @@ class CommandSink:
         self.topic = settings.topic("commands")
         self.producer = Producer({
             "bootstrap.servers": settings.bootstrap_servers, "acks": "all",
+            "partitioner": "murmur2_random",
             "enable.idempotence": True, "linger.ms": 5, "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 500_000, "message.timeout.ms": 60_000,
             "log_level": 2})

@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     min_insync_replicas: int = Field(default=1, ge=1, le=5)
     topic_prefix: str = Field(default="kron", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
     session_timeout_s: float = Field(default=10.0, gt=0)
+    # A slot found later than this is judged by its job's misfire policy. Longer than a
+    # failover (session timeout + recovery), so a takeover runs the dead owner's late slots.
+    misfire_grace_s: float = Field(default=60.0, ge=1, le=86_400)
     # Local state (RocksDB tables, projections) lives here; two workers need two dirs.
     data_dir: Path = Path(".kron/data")
     # API

@@ -32,7 +32,8 @@ REPORTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.Exec
 # Avro bytes pass through Faust untouched; the codec owns (de)serialisation.
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
                        "value_serializer": "raw"}
-IGNORED = frozenset({"kron.engine.CircuitOpened", "kron.engine.CircuitClosed"})
+IGNORED = frozenset({"kron.engine.CircuitOpened", "kron.engine.CircuitClosed",
+                     "kron.executions.TriggerSuppressed"})
 
 
 @dataclass(kw_only=True)
@@ -153,7 +154,8 @@ class Engine:
         core = PartitionCore(store)
         ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
                       causation_id=rec["envelope"]["event_id"],
-                      worker=self.settings.worker_id, epoch=self.epoch())
+                      worker=self.settings.worker_id, epoch=self.epoch(),
+                      misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
         if name.startswith("kron.commands."):
             self.stats.commands += 1
             return core.on_command(name, rec, ctx)

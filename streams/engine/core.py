@@ -78,7 +78,16 @@ class Context:
     causation_id: str
     worker: str
     epoch: int
+    # How late a slot may be before misfire policy judges it. Every owner must use the same
+    # value (it is a deployment setting), or replays would decide differently.
+    misfire_grace_ms: int = MISFIRE_GRACE_MS
     effects: list[Effect] = field(default_factory=list)
+    # Numbers the records one event writes, so each gets its own deterministic event id.
+    seq: int = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
 
 
 def _rand(*parts: object) -> float:
@@ -114,7 +123,8 @@ class PartitionCore:
         job["owner_epoch"] = ctx.epoch
         job["envelope"] = self._envelope(
             ctx, tenant=job["envelope"]["tenant"], event_type=event_type,
-            eid=event_id(job["job_id"], event_type, ctx.causation_id), correlation=job["job_id"])
+            eid=event_id(job["job_id"], event_type, ctx.causation_id, ctx.next_seq()),
+            correlation=job["job_id"])
         self.store.put_job(job)
 
     def _save_exec(self, ctx: Context, ex: Record, event_type: str) -> None:
@@ -122,7 +132,8 @@ class PartitionCore:
         ex["owner_epoch"] = ctx.epoch
         ex["envelope"] = self._envelope(
             ctx, tenant=ex["envelope"]["tenant"], event_type=event_type,
-            eid=event_id(ex["exec_id"], event_type, ex["attempt"], ctx.causation_id),
+            eid=event_id(ex["exec_id"], event_type, ex["attempt"], ctx.causation_id,
+                         ctx.next_seq()),
             correlation=ex["job_id"])
         self.store.put_execution(ex)
 
@@ -201,18 +212,7 @@ class PartitionCore:
             raise PermanentError(f"job is at version {job['version']}, not {expected}",
                                  field="expected_version")
         plan = plan_of(cmd["spec"])
-        # Slots of the old spec already due are settled first, as the tick that should have
-        # come before this command would have: disarming must not make them vanish.
-        old = plan_of(job["spec"])
-        while job["next_run_at_ms"] is not None:
-            slot = bounded_next_slot(old.schedule, after_ms=job["next_run_at_ms"] - 1,
-                                     dst=old.dst, start_at_ms=old.start_at_ms,
-                                     end_at_ms=old.end_at_ms)
-            if slot is None or apply_jitter(slot.scheduled_for_ms, jitter_s=old.jitter_s,
-                                            job_id=job["job_id"]) > ctx.now_ms:
-                break
-            self.store.delete_timer(self._fire_key(job, slot.scheduled_for_ms, old))
-            self._fire_scheduled(job, slot, ctx)
+        self._settle_overdue(job, ctx)
         self._disarm(job)
         job["spec"] = cmd["spec"]
         job["version"] += 1
@@ -235,10 +235,29 @@ class PartitionCore:
         if job["status"] == "paused":
             job["status"] = "active" if job["next_run_at_ms"] is not None else "completed"
 
+    def _settle_overdue(self, job: Record, ctx: Context) -> None:
+        """Slots already due are settled first, as the tick that should have come before this
+        command would have: disarming must not make them vanish."""
+        old = plan_of(job["spec"])
+        while job["next_run_at_ms"] is not None:
+            slot = bounded_next_slot(old.schedule, after_ms=job["next_run_at_ms"] - 1,
+                                     dst=old.dst, start_at_ms=old.start_at_ms,
+                                     end_at_ms=old.end_at_ms)
+            if slot is None or apply_jitter(slot.scheduled_for_ms, jitter_s=old.jitter_s,
+                                            job_id=job["job_id"]) > ctx.now_ms:
+                break
+            self.store.delete_timer(self._fire_key(job, slot.scheduled_for_ms, old))
+            self._fire_scheduled(job, slot, ctx)
+
     def _delete(self, cmd: Record, job: Record, ctx: Context) -> None:
+        self._settle_overdue(job, ctx)
         self._disarm(job)
         job["status"] = "deleted"
         job["next_run_at_ms"] = None
+        if job["queued_slot_ms"] is not None:
+            slot = Slot(scheduled_for_ms=job["queued_slot_ms"], dst_outcome=None)
+            job["queued_slot_ms"] = None
+            self._record_outcome(job, slot, ctx, state="skipped", reason="job deleted")
         for ex_id in list(job["running"]):
             self._cancel(ex_id, job, ctx, reason="job deleted")
 
@@ -333,10 +352,10 @@ class PartitionCore:
         # Late is measured from the jittered due time, and never from before the job existed
         # (a one-off created with a past run_at is due, not late: the API judged the skew).
         due = apply_jitter(slot.scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
-        overdue = ctx.now_ms - max(due, job["created_at_ms"]) > MISFIRE_GRACE_MS
+        overdue = ctx.now_ms - max(due, job["created_at_ms"]) > ctx.misfire_grace_ms
         late = [slot]
         if overdue:
-            late = self._late_slots(plan, slot, ctx.now_ms)
+            late = self._late_slots(plan, slot, ctx.now_ms - ctx.misfire_grace_ms)
         last = late[-1].scheduled_for_ms
         job["cursor_ms"] = advance_cursor(job["cursor_ms"], last)
         # Arm the slot right after the last one handled. If MAX_LATE_SLOTS cut the late
@@ -344,7 +363,7 @@ class PartitionCore:
         # ahead to now would lose those slots without a trace.
         nxt = bounded_next_slot(plan.schedule, after_ms=last, dst=plan.dst,
                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
-        more = nxt is not None and nxt.scheduled_for_ms <= ctx.now_ms - MISFIRE_GRACE_MS
+        more = nxt is not None and nxt.scheduled_for_ms <= ctx.now_ms - ctx.misfire_grace_ms
         self._arm(job, plan, nxt)
         if paused:
             for s in late:
@@ -355,12 +374,12 @@ class PartitionCore:
             self._misfire(job, plan, late, ctx, more=more)
         self._save_job(ctx, job, "job.slot_fired")
 
-    def _late_slots(self, plan: JobPlan, first: Slot, now_ms: int) -> list[Slot]:
+    def _late_slots(self, plan: JobPlan, first: Slot, cutoff_ms: int) -> list[Slot]:
         """Every slot from `first` that is already overdue, for misfire policy to judge."""
         slots = [first]
         nxt = bounded_next_slot(plan.schedule, after_ms=first.scheduled_for_ms, dst=plan.dst,
                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
-        while (nxt is not None and nxt.scheduled_for_ms <= now_ms - MISFIRE_GRACE_MS
+        while (nxt is not None and nxt.scheduled_for_ms <= cutoff_ms
                and len(slots) < MAX_LATE_SLOTS):
             slots.append(nxt)
             nxt = bounded_next_slot(plan.schedule, after_ms=nxt.scheduled_for_ms, dst=plan.dst,
@@ -388,8 +407,9 @@ class PartitionCore:
 
     def _fire_paced(self, job: Record, slot: Slot, trigger: str, ctx: Context) -> None:
         if job["status"] == "deleted":
-            return
-        if job["status"] == "paused" and trigger == "misfire":
+            # Its turn came after the delete: recorded, not silently dropped.
+            self._record_outcome(job, slot, ctx, state="skipped", reason="job deleted")
+        elif job["status"] == "paused" and trigger == "misfire":
             # Paused before its paced turn came: it starts no run, like any slot while paused.
             self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
         else:
@@ -400,7 +420,7 @@ class PartitionCore:
                         reason: str) -> None:
         ex_id = exec_id(job["job_id"], slot.scheduled_for_ms)
         if self.store.execution(ex_id) is not None:
-            self.suppressed += 1
+            self._suppress(job, ex_id, slot, ctx, f"{state} outcome for a slot already recorded")
             return
         ex = self._new_execution(job, ex_id, slot, ctx, trigger="schedule")
         ex["state"] = state
@@ -427,6 +447,19 @@ class PartitionCore:
         self._start_execution(job, plan, ctx, ex_id=exec_id(job["job_id"],
                               slot.scheduled_for_ms), slot=slot, trigger=trigger)
 
+    def _suppress(self, job: Record, ex_id: str, slot: Slot, ctx: Context, reason: str) -> None:
+        """A duplicate trigger changes nothing; it is recorded so audits can count it."""
+        self.suppressed += 1
+        ctx.effects.append(Emit(topic="signals", name="kron.executions.TriggerSuppressed",
+                                key=job["job_id"], record={
+            "envelope": self._envelope(ctx, tenant=job["envelope"]["tenant"],
+                                       event_type="execution.trigger_suppressed",
+                                       eid=event_id(ex_id, "suppressed", ctx.causation_id,
+                                                    ctx.next_seq()),
+                                       correlation=job["job_id"]),
+            "exec_id": ex_id, "job_id": job["job_id"], "scheduled_for_ms": slot.scheduled_for_ms,
+            "owner_epoch": ctx.epoch, "reason": reason}))
+
     def _new_execution(self, job: Record, ex_id: str, slot: Slot, ctx: Context, *,
                        trigger: str) -> Record:
         plan_jitter = float(job["spec"].get("jitter_s", 0.0))
@@ -447,7 +480,7 @@ class PartitionCore:
                          slot: Slot, trigger: str) -> None:
         """The check-and-set that makes a slot fire once: local, because we own the partition."""
         if self.store.execution(ex_id) is not None:
-            self.suppressed += 1
+            self._suppress(job, ex_id, slot, ctx, f"{trigger} trigger for a slot already started")
             return
         ex = self._new_execution(job, ex_id, slot, ctx, trigger=trigger)
         job["running"].append(ex_id)

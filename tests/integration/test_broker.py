@@ -85,3 +85,26 @@ def test_broker_auto_create_is_off(kafka_settings: Settings) -> None:
                      on_delivery=lambda err, msg: errors.append(err))
     producer.flush(10)
     assert errors and errors[0] is not None
+
+
+def test_commands_use_javas_partitioner(kafka_settings: Settings) -> None:
+    """A job's commands must meet on one partition whether the API, a Java service or any
+    murmur2 client produced them; confluent-kafka's own default (CRC32) would split them."""
+    from aiokafka.partitioner import murmur2
+
+    from api.publisher import CommandPublisher
+
+    publisher = CommandPublisher(kafka_settings)
+    try:
+        for i in range(20):
+            job_id = f"job-{i}"
+            record = {
+                "envelope": make_envelope(event_id=str(uuid.uuid4()), event_type="x",
+                                          occurred_at_ms=1, tenant="acme"),
+                "command_id": str(uuid.uuid4()), "job_id": job_id,
+            }
+            partition, _ = publisher.publish_sync("kron.commands.PauseJob", record, key=job_id)
+            expected = (murmur2(job_id.encode()) & 0x7FFFFFFF) % kafka_settings.partitions
+            assert partition == expected, job_id
+    finally:
+        publisher.close()

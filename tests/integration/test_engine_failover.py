@@ -64,7 +64,8 @@ def test_kill_9_mid_attempt_is_retried_elsewhere_with_the_same_key(
 def test_all_owners_down_for_10s_follow_the_misfire_policy(
     kafka_cluster, tmp_path, receiver
 ) -> None:
-    settings = fresh_settings(kafka_cluster, tmp_path / "d")
+    # A 3 s grace makes the 10 s outage a misfire (the default, 60 s, outlasts a failover).
+    settings = fresh_settings(kafka_cluster, tmp_path / "d", misfire_grace_s=3.0)
     commands = Commands(settings)
     worker = WorkerProcess(settings, "w1", tmp_path).start()
     try:

@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
 
+import pytest
+
 from streams.domain.ids import exec_id
 from streams.domain.timer import TimerKind, decode_timer_key
 from streams.engine import core as core_module
@@ -160,6 +162,25 @@ def test_dst_gap_skip_records_nothing_for_that_day() -> None:
     assert p.execs("j") == []  # not fired, and not "missed" either: it is no slot at all
     fired = dispatches(p.tick(utc(2026, 3, 9, 6, 30)))
     assert [d.scheduled_for_ms for d in fired] == [utc(2026, 3, 9, 6, 30)]
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("first", [(utc(2026, 11, 1, 5, 30), "ambiguous_first")]),
+    ("last", [(utc(2026, 11, 1, 6, 30), "ambiguous_last")]),
+    ("both", [(utc(2026, 11, 1, 5, 30), "ambiguous_both_1"),
+              (utc(2026, 11, 1, 6, 30), "ambiguous_both_2")]),
+])
+def test_dst_fall_back_follows_the_ambiguous_policy(policy: str,
+                                                     expected: list[tuple[int, str]]) -> None:
+    p = Partition(utc(2026, 10, 31, 12))
+    p.create("j", cron="30 1 * * *", tz="America/New_York", dst={"ambiguous": policy})
+    fired = []
+    for now in range(utc(2026, 11, 1, 5), utc(2026, 11, 1, 8), MIN):
+        # Unanswered attempts come back as retries after their lease; count first attempts.
+        fired += [d.scheduled_for_ms for d in dispatches(p.tick(now)) if d.attempt == 1]
+    assert fired == [ms for ms, _ in expected]
+    assert [(e["scheduled_for_ms"], e["dst_outcome"]) for e in
+            sorted(p.execs("j"), key=lambda e: e["scheduled_for_ms"])] == expected
 
 
 # --- misfire -----------------------------------------------------------------------------------

@@ -217,6 +217,7 @@ class Projector:
         self._thread: threading.Thread | None = None
         self.applied = 0
         self.caught_up = False
+        self.start_offsets: dict[tuple[str, int], int] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kron-projector", daemon=True)
@@ -227,7 +228,7 @@ class Projector:
         if self._thread is not None:
             self._thread.join(10)
 
-    def _consumer(self) -> Consumer:
+    def _consumer(self, since_ms: int | None = None) -> Consumer:
         consumer = Consumer({
             "bootstrap.servers": self.settings.bootstrap_servers,
             "group.id": f"kron-projector-{uuid.uuid4().hex}",  # offsets live in the views
@@ -240,6 +241,11 @@ class Projector:
             for p in md.partitions:
                 assignment.append(TopicPartition(topic, p, stored.get((topic, p),
                                                                       OFFSET_BEGINNING)))
+        if since_ms is not None:
+            # Start at the first record at or after `since_ms` (end of partition if none).
+            wanted = [TopicPartition(tp.topic, tp.partition, since_ms) for tp in assignment]
+            assignment = consumer.offsets_for_times(wanted, timeout=30)
+        self.start_offsets = {(tp.topic, tp.partition): tp.offset for tp in assignment}
         consumer.assign(assignment)
         return consumer
 
@@ -293,17 +299,20 @@ class Projector:
 
 
 def rebuild(settings: Settings, target: Path, *, progress: Any = None,
-            timeout_s: float = 600.0) -> Views:
-    """Fold both topics from offset 0 into a fresh store at `target`, with the same code
-    the live projector runs, until it reaches the topics' current ends."""
+            since_ms: int | None = None, timeout_s: float = 600.0) -> Views:
+    """Fold both topics from offset 0 (or from `since_ms`) into a fresh store at `target`,
+    with the same code the live projector runs, until it reaches the topics' current ends."""
     views = Views(target)
     projector = Projector(settings, views)
-    consumer = projector._consumer()
+    consumer = projector._consumer(since_ms)
     try:
         ends = {}
         for tp in consumer.assignment():
             _, high = consumer.get_watermark_offsets(tp, timeout=30)
-            if high > 0:
+            start = projector.start_offsets.get((tp.topic, tp.partition), 0)
+            # A negative start is "from the beginning" (0 records read yet) or, after a
+            # time lookup, "nothing at or after that time": then there is nothing to read.
+            if high > 0 and not (since_ms is not None and (start < 0 or start >= high)):
                 ends[(tp.topic, tp.partition)] = high
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

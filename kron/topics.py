@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -60,30 +61,40 @@ def admin_client(settings: Settings) -> AdminClient:
 
 
 def create_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
-    """Create what is missing; check what exists. Returns the names it created."""
+    """Create what is missing, then check every topic's partition count. Returns the names
+    this call created."""
     admin = admin_client(settings)
+    specs = topic_specs(settings)
     existing = admin.list_topics(timeout=timeout_s).topics
+    missing = [
+        NewTopic(spec.name, num_partitions=spec.partitions,
+                 replication_factor=settings.replication_factor, config=spec.config)
+        for spec in specs if spec.name not in existing
+    ]
+    created = _create(admin, missing, timeout_s) if missing else []
+    for spec in specs:
+        _check_partitions(admin, spec, timeout_s)
+    return created
+
+
+def _check_partitions(admin: AdminClient, spec: TopicSpec, timeout_s: float) -> None:
+    """Metadata lags a create, so poll until the topic shows up, then compare."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topic = admin.list_topics(spec.name, timeout=timeout_s).topics.get(spec.name)
+        if topic is not None and topic.error is None and topic.partitions:
+            break
+        if time.monotonic() > deadline:
+            raise SetupError(f"topic {spec.name} did not appear in the broker's metadata")
+        time.sleep(0.1)
+    if len(topic.partitions) != spec.partitions:
+        raise SetupError(
+            f"topic {spec.name} has {len(topic.partitions)} partitions but KRON_PARTITIONS is "
+            f"{spec.partitions}; co-partitioning needs them equal")
+
+
+def _create(admin: AdminClient, missing: list[NewTopic], timeout_s: float) -> list[str]:
     created: list[str] = []
-    missing = []
-    for spec in topic_specs(settings):
-        if spec.name in existing:
-            have = len(existing[spec.name].partitions)
-            if have != spec.partitions:
-                raise SetupError(
-                    f"topic {spec.name} has {have} partitions but KRON_PARTITIONS is "
-                    f"{spec.partitions}; co-partitioning needs them equal"
-                )
-            continue
-        missing.append(
-            NewTopic(
-                spec.name,
-                num_partitions=spec.partitions,
-                replication_factor=settings.replication_factor,
-                config=spec.config,
-            )
-        )
-    if not missing:
-        return created
     for name, fut in admin.create_topics(missing, request_timeout=timeout_s).items():
         try:
             fut.result(timeout=timeout_s)

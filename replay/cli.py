@@ -213,9 +213,12 @@ __all__ = ["KINDS", "replay_app"]
 def rebuild_command(
     target: Annotated[str | None, typer.Option(
         help="Views directory to replace (default: <KRON_DATA_DIR>/api-views).")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Start at this time (epoch ms or ISO 8601) instead of offset 0.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON line for scripts.")] = False,
 ) -> None:
-    """Rebuild the API's projections from offset 0 into a fresh store, then swap it in.
+    """Rebuild the API's projections from offset 0 (or --since) into a fresh store, then
+    swap it in.
 
     Stop the API first: it holds the views open. The old views are kept as <dir>.old.
     """
@@ -233,7 +236,8 @@ def rebuild_command(
     started = time.monotonic()
     with _progress(console) as progress:
         task = progress.add_task("records", total=None)
-        views = rebuild(settings, fresh, progress=lambda n: progress.update(task, completed=n))
+        views = rebuild(settings, fresh, since_ms=_parse_time(since, "--since"),
+                        progress=lambda n: progress.update(task, completed=n))
         entries = len(views.dump())
         views.close()
     old = final.with_name(final.name + ".old")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from kron.localkafka import free_ports
-from tests.support.stack import ApiProcess, wait_until
+from tests.support.stack import ApiProcess, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -279,3 +279,27 @@ def test_openapi_docs_are_served(api_stack) -> None:
 def test_healthz_reports_broker_connectivity(api_stack) -> None:
     body = httpx.get(f"{api_stack.api.url}/healthz").json()
     assert body["broker"]["ok"] is True and body["broker"]["commands_topic"] is True
+
+
+def test_active_job_quota_answers_429(kafka_cluster, tmp_path) -> None:
+    from tests.conftest import fresh_settings
+
+    settings = fresh_settings(kafka_cluster, tmp_path / "d", tenant_max_active_jobs=2)
+    worker = WorkerProcess(settings, "wq", tmp_path).start()  # quota counts applied jobs
+    api = ApiProcess(settings, tmp_path, free_ports(1)[0]).start()
+    try:
+        with httpx.Client(base_url=api.url, headers={"X-API-Key": "key-acme"},
+                          timeout=20) as c:
+            body = {"run_at": at(3600), "target": {"type": "http", "url": "http://x.test/"}}
+            codes = [c.post("/v1/jobs", json={**body, "name": f"q{i}"}).status_code
+                     for i in range(3)]
+            assert codes == [201, 201, 429]
+            r = c.post("/v1/jobs", json={**body, "name": "q3"})
+            assert r.json()["type"].endswith("/quota-exceeded")
+            # Another tenant has its own quota.
+            other = c.post("/v1/jobs", json={**body, "name": "g"},
+                           headers={"X-API-Key": "key-globex"})
+            assert other.status_code == 201
+    finally:
+        api.stop()
+        worker.stop()

@@ -98,3 +98,7 @@ def test_replay_export_and_rebuild_commands(api_stack, tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["entries"] > 10
     assert (target / "CURRENT").exists()
+    later = kron(api_stack, "replay", "rebuild", "--target", str(tmp_path / "v2"), "--json",
+                 "--since", str(time.time_ns() // 1_000_000 + 3_600_000))
+    assert later.returncode == 0, later.stderr
+    assert json.loads(later.stdout.strip().splitlines()[-1])["entries"] == 0

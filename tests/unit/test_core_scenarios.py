@@ -241,6 +241,25 @@ def test_skip_if_late_by_fires_a_single_slot_within_the_limit() -> None:
     assert run.scheduled_for_ms == T0 + 60 * MIN
 
 
+def test_a_single_late_slot_under_fire_once_runs_as_a_misfire() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *")
+    p.ticks(T0 + 59 * MIN, MIN)
+    [run] = dispatches(p.tick(T0 + 70 * MIN))
+    assert run.scheduled_for_ms == T0 + 60 * MIN
+    assert p.ex("j", run.scheduled_for_ms)["trigger"] == "misfire"
+
+
+def test_a_single_late_slot_under_fire_all_is_paced() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="0 * * * *", misfire={"kind": "fire_all", "fire_all_cap": 5})
+    p.ticks(T0 + 59 * MIN, MIN)
+    assert dispatches(p.tick(T0 + 70 * MIN)) == []
+    [run] = dispatches(p.tick(T0 + 70 * MIN))
+    assert run.scheduled_for_ms == T0 + 60 * MIN
+    assert p.ex("j", run.scheduled_for_ms)["trigger"] == "misfire"
+
+
 def test_a_slot_found_within_the_grace_fires_normally() -> None:
     p = Partition(T0 + 30 * SEC)
     p.create("j", cron="0 * * * *", misfire={"kind": "skip_if_late_by", "late_by_s": 0.0})
@@ -428,6 +447,35 @@ def test_redelivered_commands_are_no_ops() -> None:
     assert p.command("TriggerJob", "j", command_id="c-run") == []
     assert len(p.store.log) == log
     assert [e["trigger"] for e in p.execs("j")] == ["manual"]
+
+
+def test_update_settles_the_old_specs_overdue_slots_before_switching() -> None:
+    """The owner was down; an UpdateJob is processed before any tick. The slots the old
+    schedule owed by the command's time get their outcomes under the old spec (fire_once:
+    the newest runs, the rest are coalesced) instead of vanishing with the disarmed timer."""
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="*/10 * * * *")
+    p.now = T0 + 35 * MIN
+    effects = p.command("UpdateJob", "j", spec=spec(target=TARGET, cron="*/15 * * * *"),
+                        expected_version=1)
+    [run] = dispatches(effects)
+    assert run.scheduled_for_ms == T0 + 30 * MIN
+    assert by_state(p.execs("j")) == {"missed": [T0 + 10 * MIN, T0 + 20 * MIN],
+                                      "running": [T0 + 30 * MIN]}
+    job = p.job("j")
+    assert (job["version"], job["cursor_ms"], job["next_run_at_ms"]) == (
+        2, T0 + 30 * MIN, T0 + 45 * MIN)
+    assert [(due, ref) for due, kind, ref in p.timers("j") if kind == TimerKind.FIRE] == [
+        (T0 + 45 * MIN, "")]
+
+
+def test_update_with_nothing_due_only_rearms() -> None:
+    p = Partition(T0 + 30 * SEC)
+    p.create("j", cron="*/10 * * * *")
+    p.now = T0 + 5 * MIN
+    assert p.command("UpdateJob", "j", spec=spec(target=TARGET, cron="*/15 * * * *"),
+                     expected_version=None) == []
+    assert p.execs("j") == [] and p.job("j")["next_run_at_ms"] == T0 + 15 * MIN
 
 
 # --- pause -------------------------------------------------------------------------------------

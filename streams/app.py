@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from faust.stores.rocksdb import RocksDBOptions  # noqa: F401 - documents the options used
 
 from kron.clock import Clock, SystemClock
 from kron.settings import Settings
 from schemas import codec
 from schemas.errors import DecodeError
+from streams.barrier import DurabilityBarrier
 from streams.domain.errors import PermanentError
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore
 from streams.engine.faust_store import TableStore
@@ -71,10 +71,12 @@ class Engine:
         self.timers = table("timers")
         self.ticker = Ticker(engine=self)
         # Built now, started with the app: a dispatch may arrive before the start-up task.
+        self.barrier = DurabilityBarrier(self._flush)
         self.executor = Executor(
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
                      "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
-            report=self._report, clock=self.clock, worker_id=settings.worker_id)
+            report=self._report, clock=self.clock, worker_id=settings.worker_id,
+            before_dispatch=self.barrier.wait)
         self.app.agent(self.app.topic(settings.topic("commands"), settings.topic("signals"),
                                       **RAW),
                        name="kron-engine", concurrency=1)(self._agent)
@@ -107,9 +109,13 @@ class Engine:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def _on_start(self) -> None:
+        self.barrier.start()
         self.executor.start()
         self.ticker.start()
         log.info("engine started", extra={"worker": self.settings.worker_id})
+
+    async def _flush(self) -> None:
+        await self.app.producer.flush()
 
     async def _publish(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: dict[str, str]) -> None:

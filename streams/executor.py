@@ -64,7 +64,10 @@ class FairQueue:
 
 class Executor:
     def __init__(self, *, runners: dict[str, Runner], report: Reporter, clock: Clock,
-                 worker_id: str, concurrency: int = 256) -> None:
+                 worker_id: str, concurrency: int = 256,
+                 before_dispatch: Callable[[], Awaitable[None]] | None = None) -> None:
+        # Awaited before each call: the engine passes its durability barrier here.
+        self._before_dispatch = before_dispatch
         self._runners = runners
         self._report = report
         self._clock = clock
@@ -115,6 +118,13 @@ class Executor:
         if self._clock.monotonic() >= job.lease_deadline:
             # The lease ran out while queued; the owner's lease timer retries it.
             return
+        if self._before_dispatch is not None:
+            try:
+                await self._before_dispatch()
+            except Exception:  # not durable: don't call; the lease timer retries it
+                log.warning("attempt not dispatched: its start was not acknowledged",
+                            extra={"exec_id": job.dispatch.exec_id})
+                return
         started = self._clock.now_ms()
         target = d.target
         host = (urlsplit(target["url"]).hostname or "") if "url" in target else ""

@@ -32,6 +32,7 @@ REPORTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.Exec
 # Avro bytes pass through Faust untouched; the codec owns (de)serialisation.
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
                        "value_serializer": "raw"}
+STATS_EVERY_S = 30.0
 IGNORED = frozenset({"kron.engine.CircuitOpened", "kron.engine.CircuitClosed",
                      "kron.executions.TriggerSuppressed"})
 
@@ -81,6 +82,7 @@ class Engine:
                                       **RAW),
                        name="kron-engine", concurrency=1)(self._agent)
         self.app.task(self._on_start)
+        self.app.timer(STATS_EVERY_S)(self._log_stats)
 
     def _build_app(self) -> faust.App:
         s = self.settings
@@ -113,6 +115,17 @@ class Engine:
         self.executor.start()
         self.ticker.start()
         log.info("engine started", extra={"worker": self.settings.worker_id})
+
+    async def _log_stats(self) -> None:
+        """The figures an operator looks at first, as one structured line."""
+        st = self.stats
+        log.info("engine stats", extra={
+            "worker": self.settings.worker_id, "commands": st.commands, "ticks": st.ticks,
+            "reports": st.reports, "dispatched": st.dispatched,
+            "completed": self.executor.completed, "backlog": self.executor.backlog,
+            "dead_letters": st.dead_letters, "ticks_sent": self.ticker.sent,
+            "flushes": self.barrier.flushes,
+            "uptime_s": round(time.monotonic() - st.started, 1)})
 
     async def _flush(self) -> None:
         await self.app.producer.flush()

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     tenant_max_active_jobs: int = Field(default=100_000, ge=1)
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # Worker
+    # Call targets only after the attempt's start is acknowledged by Kafka: a crash then
+    # repeats a call only as a new attempt with a new token. Costs dispatch latency.
+    dispatch_barrier: bool = True
     worker_id: str = Field(default_factory=_default_worker_id)
     log_level: str = "INFO"
 

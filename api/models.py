@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -44,7 +43,7 @@ from pydantic import (
 from streams.domain.errors import PermanentError
 from streams.domain.schedule import OneOffSchedule, bounded_next_slot, parse_cron
 from streams.engine.spec import JobPlan, plan_of
-from streams.netguard import BLOCKED_HOSTNAMES, check_url, parse_ip
+from streams.netguard import BLOCKED_HOSTNAMES, check_url, is_blocked_ip, parse_ip
 
 __all__ = [
     "CommandTargetIn",
@@ -130,8 +129,6 @@ _LOCAL_HOSTNAMES = BLOCKED_HOSTNAMES | {
     "instance-data.ec2.internal",
 }
 _LOCAL_SUFFIXES = (".localhost", ".local", ".localdomain", ".internal", ".home.arpa", ".lan")
-_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
-_V4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 TargetType = Literal["http", "kafka", "command"]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -518,25 +515,6 @@ def _text(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", "surrogateescape")
 
 
-def _blocked_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Anything not globally routable, including IPv4 tunnelled in IPv6 (mapped,
-    IPv4-compatible, 6to4, Teredo, NAT64), which ``is_global`` alone lets through."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded: list[ipaddress.IPv4Address] = []
-        if ip.ipv4_mapped is not None:
-            embedded.append(ip.ipv4_mapped)
-        if ip.sixtofour is not None:
-            embedded.append(ip.sixtofour)
-        if ip.teredo is not None:
-            embedded.extend(ip.teredo)
-        if ip in _V4_COMPATIBLE or any(ip in net for net in _NAT64):
-            embedded.append(ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF))
-        if any(_blocked_ip(v4) for v4 in embedded):
-            return True
-    return (not ip.is_global or ip.is_private or ip.is_loopback or ip.is_link_local
-            or ip.is_multicast or ip.is_reserved or ip.is_unspecified)
-
-
 def _check_host(host: str, field: str) -> None:
     """Private hosts recognisable without DNS: names, and IPs in any encoding."""
     host = host.rstrip(".").lower()
@@ -544,7 +522,7 @@ def _check_host(host: str, field: str) -> None:
         raise InvalidField(field, f"{field} host {host!r} is a private name")
     ip = parse_ip(host)
     if ip is not None:
-        if _blocked_ip(ip):
+        if is_blocked_ip(ip):
             raise InvalidField(field, f"{field} host {host!r} is a private, loopback, "
                                       f"link-local or otherwise non-public address")
         return

@@ -15,11 +15,27 @@ from streams.domain.errors import PermanentError
 BLOCKED_HOSTNAMES = frozenset({"localhost", "metadata.google.internal", "metadata"})
 
 
-def _is_private(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
-            or ip.is_reserved or ip.is_unspecified)
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+_V4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def is_blocked_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Anything not globally routable, including IPv4 tunnelled in IPv6 (mapped,
+    IPv4-compatible, 6to4, Teredo, NAT64), which ``is_global`` alone lets through."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded: list[ipaddress.IPv4Address] = []
+        if ip.ipv4_mapped is not None:
+            embedded.append(ip.ipv4_mapped)
+        if ip.sixtofour is not None:
+            embedded.append(ip.sixtofour)
+        if ip.teredo is not None:
+            embedded.extend(ip.teredo)
+        if ip in _V4_COMPATIBLE or any(ip in net for net in _NAT64):
+            embedded.append(ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF))
+        if any(is_blocked_ip(v4) for v4 in embedded):
+            return True
+    return (not ip.is_global or ip.is_private or ip.is_loopback or ip.is_link_local
+            or ip.is_multicast or ip.is_reserved or ip.is_unspecified)
 
 
 def parse_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -47,7 +63,7 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
     ip = parse_ip(host)
     addresses = [ip] if ip is not None else (_resolve(host) if resolve else [])
     for addr in addresses:
-        if _is_private(addr):
+        if is_blocked_ip(addr):
             raise PermanentError(f"target host {host!r} resolves to a private address",
                                  field="target.url")
 

@@ -6,6 +6,7 @@ Views (one rocksdict, prefixes keep them apart, values are JSON):
   r/<job_id>/<inverted ms>/<exec_id> run history, newest scheduled_for first
   e/<exec_id>                        one execution with its attempts
   c/<tenant>/<state>                 executions per state
+  a/<tenant>                         the tenant's active and paused jobs (for its quota)
   o/<topic>/<partition>              the next offset to read: the projector's own offsets
 
 Each record's view changes and its offset go into one write batch, so a restart resumes
@@ -34,6 +35,7 @@ from schemas.errors import DecodeError
 log = logging.getLogger("kron.projection")
 
 INVERT = (1 << 63) - 1
+ACTIVE_JOB = ("active", "paused")
 
 
 def jsonable(value: Any) -> Any:
@@ -163,6 +165,10 @@ def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
         "last_run": old.get("last_run"),
     }
     batch.put(_k("j", job_id), view)
+    was, now = old.get("status") in ACTIVE_JOB, rec["status"] in ACTIVE_JOB
+    if was != now:  # the quota check reads this instead of scanning the tenant's jobs
+        key = _k("a", tenant)
+        batch.put(key, (batch.get(key) or 0) + (1 if now else -1))
     # The Avro state as written, for updates that patch the exact stored spec.
     batch.put_raw(_k("s", job_id), raw)
     batch.put(_k("t", tenant, job_id), {"status": view["status"],

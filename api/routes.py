@@ -17,6 +17,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from api import models
 from api.auth import Authenticator, RateLimiter
 from api.problems import Problem
+from api.projection import ACTIVE_JOB as ACTIVE
 from api.projection import Projector, Views
 from api.publisher import BrokerUnavailable, CommandPublisher
 from kron.clock import Clock
@@ -26,7 +27,6 @@ MAX_DEPTH = 32
 READ_YOUR_WRITES_S = 5.0
 STATES = ("queued", "running", "retry_pending", "succeeded", "failed", "skipped", "missed",
           "cancelled")
-ACTIVE = ("active", "paused")
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -343,8 +343,7 @@ def _created(svc: Service, job: dict[str, Any], now: int) -> dict[str, Any]:
 
 
 def _check_quota(svc: Service, tenant: str) -> None:
-    prefix = f"t/{tenant}/".encode()
-    active = sum(1 for _, e in svc.views.prefix(prefix) if e["status"] in ACTIVE)
+    active = svc.views.get(f"a/{tenant}".encode()) or 0
     if active >= svc.settings.tenant_max_active_jobs:
         raise Problem(429, "quota-exceeded",
                       f"this tenant has {active} active jobs, the limit", headers={

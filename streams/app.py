@@ -67,6 +67,8 @@ class Engine:
             return self.app.Table(name, key_type=bytes, value_type=bytes, partitions=p,
                                   changelog_topic=topic(name, compacting=True), options=opts)
 
+        self._topics: dict[str, Any] = {"signals": self.signals,
+                                         "dead-letters": self.dead_letters}
         self.jobs = table("jobs")
         self.executions = table("executions")
         self.timers = table("timers")
@@ -207,8 +209,14 @@ class Engine:
             elif isinstance(effect, Cancel):
                 self.executor.cancel(effect.exec_id)
             elif isinstance(effect, Emit):
-                await self.app.topic(self.settings.topic(effect.topic), **RAW).send(
+                await self._topic(effect.topic).send(
                     key=effect.key.encode(), value=codec.encode(effect.name, effect.record))
+
+    def _topic(self, name: str) -> Any:
+        """One topic object per kron topic, not one per emitted record."""
+        if name not in self._topics:
+            self._topics[name] = self.app.topic(self.settings.topic(name), **RAW)
+        return self._topics[name]
 
     async def _dead_letter(self, msg: Any, exc: Exception) -> None:
         self.stats.dead_letters += 1

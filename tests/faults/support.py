@@ -1,0 +1,576 @@
+"""Shared helpers of the fault-injection suite: a receiver that can kill the caller, a gate
+that never delivers a first request, a fleet of worker processes, a seeded load, the audit
+wrapper, the receiver-log judge and the consumer-lag checker.
+
+Every process these helpers kill was started by the suite (a WorkerProcess's Popen, or a node
+of a cluster the test started); nothing is looked up by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kron.settings import Settings
+from replay.audit import AuditReport, audit
+from replay.reader import read_topic
+from tests.support.receiver import Hit, Receiver
+from tests.support.stack import Commands, WorkerProcess, spec
+
+JOB_STATE = "kron.state.JobState"
+EXECUTION_STATE = "kron.executions.ExecutionState"
+TERMINAL = frozenset({"succeeded", "failed", "skipped", "missed", "cancelled"})
+SLOT_TRIGGERS = frozenset({"schedule", "misfire", "backfill"})
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def slot_of(hit: Hit) -> int:
+    return int(datetime.fromisoformat(hit.headers["X-Kron-Scheduled-For"]).timestamp() * 1000)
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    return predicate()
+
+
+# --- which process holds a loopback connection --------------------------------------------
+
+
+def _socket_inodes(local_port: int, remote_port: int) -> set[str]:
+    """Inodes of 127.0.0.1 TCP sockets with this local and remote port (/proc/net/tcp)."""
+    out: set[str] = set()
+    with contextlib.suppress(OSError), open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            local, remote, inode = parts[1], parts[2], parts[9]
+            if (int(local.split(":")[1], 16) == local_port
+                    and int(remote.split(":")[1], 16) == remote_port):
+                out.add(inode)
+    return out
+
+
+def pid_of_peer(peer_port: int, server_port: int, candidates: list[int]) -> int | None:
+    """Which of `candidates` (pids the suite started) owns the client end of a connection."""
+    inodes = _socket_inodes(peer_port, server_port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for pid in candidates:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                        return pid
+    return None
+
+
+# --- the receiver -------------------------------------------------------------------------
+
+
+@dataclass
+class KillEvent:
+    point: str
+    pid: int
+    key: str
+    at_ms: int
+
+
+class FaultReceiver(Receiver):
+    """tests.support.receiver.Receiver plus:
+
+      /kill-after-2xx/<tag>   200; right after the first response per key is written, SIGKILL
+                              the worker process that made the call (the worker has the 2xx
+                              but has not yet reported it)
+      /kill-on-arrival/<s>    SIGKILL the caller as soon as the first request per key arrives,
+                              then answer after <s> s (nobody reads it)
+      /status-ra/<codes>/<ra> the listed codes in turn per key, each with Retry-After: <ra>
+      /reset                  close the connection without an answer
+
+    `killable` maps pid -> name of the processes the receiver may kill (the suite's workers).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.killable: dict[int, str] = {}
+        self.kills: list[KillEvent] = []
+        self.responded: dict[str, int] = {}  # Idempotency-Key -> first 2xx written (ms)
+        self._killed_keys: set[tuple[str, str]] = set()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def _status_for(self, path: str, key: str) -> tuple[int, float, dict[str, str]]:
+        parts = path.strip("/").split("/")
+        if parts[0] == "status-ra":
+            with self._lock:
+                n = self._counts[(path, key)]
+                self._counts[(path, key)] += 1
+            codes = [int(c) for c in parts[1].split(",")]
+            code = codes[min(n, len(codes) - 1)]
+            return code, 0.0, ({"Retry-After": parts[2]} if code >= 300 else {})
+        if parts[0] in ("kill-after-2xx", "kill-on-arrival"):
+            with self._lock:
+                self._counts[(path, key)] += 1
+            return 200, (float(parts[1]) if parts[0] == "kill-on-arrival" else 0.0), {}
+        return super()._status_for(path, key)
+
+    def _kill_caller(self, req: Any, point: str, key: str) -> None:
+        with self._lock:
+            if (point, key) in self._killed_keys:
+                return
+            self._killed_keys.add((point, key))
+        pid = pid_of_peer(req.client_address[1], self.port, list(self.killable))
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.kills.append(KillEvent(point=point, pid=pid, key=key, at_ms=now_ms()))
+
+    def _handle(self, req: Any) -> None:
+        path = req.path
+        key = req.headers.get("Idempotency-Key", "")
+        if path.startswith("/reset"):
+            with self._lock:
+                self.hits.append(Hit(path=path, headers=dict(req.headers.items()),
+                                     received_ms=now_ms(), status=0))
+            req.close_connection = True
+            with contextlib.suppress(OSError):
+                req.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if path.startswith("/kill-on-arrival"):
+            threading.Thread(target=self._kill_caller, args=(req, "during_call", key),
+                             daemon=True).start()
+        super()._handle(req)
+        if 200 <= self._last_status(key, path) < 300:
+            self.responded.setdefault(key, now_ms())
+        if path.startswith("/kill-after-2xx"):
+            self._kill_caller(req, "after_2xx", key)
+
+    def _last_status(self, key: str, path: str) -> int:
+        with self._lock:
+            for h in reversed(self.hits):
+                if h.path == path and h.headers.get("Idempotency-Key") == key:
+                    return h.status
+        return 0
+
+
+class Gate:
+    """A TCP front for the receiver that swallows the first connection (the request is never
+    delivered: for the target it was never made) and SIGKILLs the process that opened it.
+    Later connections are piped through to the receiver."""
+
+    def __init__(self, upstream_port: int, killable: dict[int, str]) -> None:
+        self.upstream = upstream_port
+        self.killable = killable
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.armed = threading.Event()
+        self.kills: list[KillEvent] = []
+        self._stop = threading.Event()
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def __enter__(self) -> Gate:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        for s in self._held:
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                return
+            if self.armed.is_set():
+                self.armed.clear()
+                self._held.append(conn)
+                pid = pid_of_peer(addr[1], self.sock.getsockname()[1], list(self.killable))
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    self.kills.append(KillEvent(point="before_http", pid=pid, key="",
+                                                at_ms=now_ms()))
+                continue
+            threading.Thread(target=self._pipe, args=(conn,), daemon=True).start()
+
+    def _pipe(self, conn: socket.socket) -> None:
+        try:
+            up = socket.create_connection(("127.0.0.1", self.upstream), timeout=30)
+        except OSError:
+            conn.close()
+            return
+
+        def copy(a: socket.socket, b: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                while data := a.recv(65536):
+                    b.sendall(data)
+            with contextlib.suppress(OSError):
+                b.shutdown(socket.SHUT_WR)
+
+        t = threading.Thread(target=copy, args=(up, conn), daemon=True)
+        t.start()
+        copy(conn, up)
+        t.join(60)
+        conn.close()
+        up.close()
+
+
+# --- worker fleet ----------------------------------------------------------------------------
+
+
+class Fleet:
+    """The workers of one scenario. Cleans up (SIGKILL by Popen pid) even on failure."""
+
+    def __init__(self, settings: Settings, log_dir: Path,
+                 receiver: FaultReceiver | None = None, **env: str) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.receiver = receiver
+        self.env = env
+        self.workers: dict[str, WorkerProcess] = {}
+        self.retired: list[WorkerProcess] = []
+
+    def start(self, name: str, **env: str) -> WorkerProcess:
+        old = self.workers.pop(name, None)
+        if old is not None:
+            old.kill()
+            self.retired.append(old)
+        w = WorkerProcess(self.settings, name, self.log_dir)
+        w.env.update(self.env)
+        w.env.update(env)
+        w.start()
+        self.workers[name] = w
+        if self.receiver is not None:
+            assert w.proc is not None
+            self.receiver.killable[w.proc.pid] = name
+        return w
+
+    def by_worker_id(self, worker_id: str) -> WorkerProcess:
+        return self.workers[worker_id]
+
+    def alive(self) -> list[WorkerProcess]:
+        return [w for w in self.workers.values() if w.proc and w.proc.poll() is None]
+
+    def logs(self, tail: int = 1500) -> str:
+        return "\n".join(f"--- {n} ---\n{w.log()[-tail:]}" for n, w in self.workers.items())
+
+    def close(self) -> None:
+        for w in [*self.workers.values(), *self.retired]:
+            w.kill()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def warm_up(commands: Commands, receiver: Receiver, fleet: Fleet, timeout_s: float = 90) -> None:
+    """One job runs end to end: the group has formed and every table is recovered."""
+    warm = f"warm-{uuid.uuid4().hex[:8]}"
+    commands.send("CreateJob", warm, spec=spec(target={"url": f"{receiver.url}/ok"},
+                                                run_at_ms=now_ms()))
+    assert receiver.wait_for(warm, 1, timeout_s), fleet.logs()
+
+
+def wait_for_group(settings: Settings, members: int, timeout_s: float = 60) -> bool:
+    """Until the engine's consumer group is stable with this many members."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 2})
+
+    def stable() -> bool:
+        try:
+            fut = admin.describe_consumer_groups([settings.app_id], request_timeout=5)
+            desc = fut[settings.app_id].result(timeout=10)
+        except Exception:
+            return False
+        return (str(desc.state).endswith("STABLE") and len(desc.members) == members
+                and all(m.assignment.topic_partitions for m in desc.members))
+
+    return bool(wait_until(stable, timeout_s, 0.5))
+
+
+# --- load ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """Jobs made by a seeded generator and the slots each must run."""
+
+    expected: dict[str, list[int]] = field(default_factory=dict)  # job_id -> slot times
+    max_attempts: dict[str, int] = field(default_factory=dict)
+    created_at: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def slots(self) -> int:
+        return sum(len(v) for v in self.expected.values())
+
+    def merge(self, other: Load) -> None:
+        self.expected.update(other.expected)
+        self.max_attempts.update(other.max_attempts)
+        self.created_at.update(other.created_at)
+
+
+def seeded_load(commands: Commands, url: str, seed: int, *, start_ms: int, end_ms: int,
+                cron_jobs: int = 4, one_offs: int = 10, periods_s: tuple[int, ...] = (2, 3, 4),
+                max_attempts: int = 3, lease_s: float = 4.0, prefix: str = "load",
+                timeout_s: float = 5.0) -> Load:
+    """Cron jobs with a seconds field bounded to [start_ms, end_ms] (so every slot is known)
+    and one-off jobs at random times in that window. Slots are multiples of the period."""
+    rng = random.Random(seed)
+    load = Load()
+    retry = {"max_attempts": max_attempts, "backoff": "exponential", "base_s": 0.2,
+             "max_s": 1.0}
+    start = start_ms - start_ms % 1000 + 500  # never on a slot boundary
+    end = end_ms - end_ms % 1000 + 500
+    sent_at = now_ms()
+    for i in range(cron_jobs):
+        period = rng.choice(periods_s)
+        job_id = f"{prefix}-c{i}-{uuid.uuid4().hex[:8]}"
+        commands.send("CreateJob", job_id, now_ms=sent_at, spec=spec(
+            target={"url": url, "timeout_s": timeout_s}, cron=f"*/{period} * * * * *",
+            start_at_ms=start, end_at_ms=end, retry=retry, lease_s=lease_s))
+        p = period * 1000
+        first = start + (p - start % p) % p
+        load.expected[job_id] = list(range(first, end + 1, p))
+        load.max_attempts[job_id] = max_attempts
+        load.created_at[job_id] = sent_at
+    for i in range(one_offs):
+        at = rng.randrange(start, end)
+        job_id = f"{prefix}-o{i}-{uuid.uuid4().hex[:8]}"
+        commands.send("CreateJob", job_id, now_ms=sent_at, spec=spec(
+            target={"url": url, "timeout_s": timeout_s}, run_at_ms=at, retry=retry,
+            lease_s=lease_s))
+        load.expected[job_id] = [at]
+        load.max_attempts[job_id] = max_attempts
+        load.created_at[job_id] = sent_at
+    return load
+
+
+# --- reading history ----------------------------------------------------------------------
+
+
+def history(settings: Settings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(JobState records, ExecutionState records) in offset order."""
+    bs = settings.bootstrap_servers
+    jobs = [e.record for e in read_topic(bs, settings.topic("jobs"))
+            if e.name == JOB_STATE and e.record]
+    execs = [e.record for e in read_topic(bs, settings.topic("executions"))
+             if e.name == EXECUTION_STATE and e.record]
+    return jobs, execs
+
+
+def latest(execs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for rec in execs:
+        out[rec["exec_id"]] = rec
+    return out
+
+
+def audit_history(settings: Settings, *, at_ms: int | None = None,
+                  grace_ms: int = 10_000) -> AuditReport:
+    jobs, execs = history(settings)
+    return audit(jobs, execs, now_ms=at_ms or now_ms(), grace_ms=grace_ms)
+
+
+def settled(settings: Settings, load: Load) -> bool:
+    """Every expected slot has an execution record in a terminal state."""
+    _, execs = history(settings)
+    done = {(e["job_id"], e["scheduled_for_ms"]) for e in latest(execs).values()
+            if e["state"] in TERMINAL and e["trigger"] in SLOT_TRIGGERS}
+    return all((j, s) in done for j, slots in load.expected.items() for s in slots)
+
+
+def wait_settled(settings: Settings, load: Load, timeout_s: float) -> bool:
+    return bool(wait_until(lambda: settled(settings, load), timeout_s, 1.0))
+
+
+# --- judging ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    lost: list[tuple[str, int]] = field(default_factory=list)
+    duplicates: list[tuple[str, int]] = field(default_factory=list)
+    over_policy: list[str] = field(default_factory=list)
+    not_succeeded: list[tuple[str, int, str]] = field(default_factory=list)
+    same_attempt_repeats: int = 0  # one key, one attempt number, called twice
+    repeated_calls: int = 0  # calls beyond the first per key (at least once: same key)
+    max_lateness_ms: int = 0
+    p99_lateness_ms: int = 0
+    slots: int = 0
+    calls: int = 0
+    audit: AuditReport | None = None
+
+    @property
+    def attempts_ok(self) -> bool:
+        return not self.over_policy
+
+    def summary(self) -> dict[str, Any]:
+        a = self.audit.counts if self.audit else {}
+        return {"slots": self.slots, "calls": self.calls, "lost": self.lost[:5],
+                "duplicates": self.duplicates[:5], "over_policy": self.over_policy[:5],
+                "not_succeeded": self.not_succeeded[:5], "audit": a,
+                "audit_violations": [v.detail for v in (self.audit.violations if self.audit
+                                                        else ())][:5],
+                "repeated_calls": self.repeated_calls,
+                "same_attempt_repeats": self.same_attempt_repeats,
+                "max_lateness_ms": self.max_lateness_ms}
+
+
+def judge(settings: Settings, receiver: Receiver, load: Load, *,
+          require_success: bool = True, audit_grace_ms: int = 10_000) -> Verdict:
+    """Receiver log + recorded history + the replay audit against the expected slots.
+
+    lost:        an expected slot without a 2xx at the receiver (or, with require_success
+                 False, without a terminal record), or one the audit calls lost
+    duplicates:  one (job, slot) reached the receiver under two Idempotency-Keys, or the
+                 audit found a duplicate trigger
+    over_policy: a key called with X-Kron-Attempt above the job's max_attempts, or the audit
+                 found attempts over the policy
+    """
+    v = Verdict()
+    jobs, execs = history(settings)
+    v.audit = audit(jobs, execs, now_ms=now_ms(), grace_ms=audit_grace_ms)
+    final = latest(execs)
+    by_slot: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in final.values():
+        if e["trigger"] in SLOT_TRIGGERS:
+            by_slot[(e["job_id"], e["scheduled_for_ms"])].append(e)
+    hits = [h for h in list(receiver.hits) if h.headers.get("X-Kron-Job-Id") in load.expected]
+    v.calls = len(hits)
+    keys: dict[tuple[str, int], set[str]] = defaultdict(set)
+    ok_at: dict[tuple[str, int], int] = {}
+    per_key_attempt: dict[tuple[str, str], int] = defaultdict(int)
+    per_key: dict[str, int] = defaultdict(int)
+    for h in hits:
+        job = h.headers["X-Kron-Job-Id"]
+        slot = slot_of(h)
+        key = h.headers["Idempotency-Key"]
+        keys[(job, slot)].add(key)
+        per_key[key] += 1
+        per_key_attempt[(key, h.headers.get("X-Kron-Attempt", ""))] += 1
+        if int(h.headers.get("X-Kron-Attempt", "0")) > load.max_attempts.get(job, 10**6):
+            v.over_policy.append(f"{job}@{slot}: attempt {h.headers.get('X-Kron-Attempt')}")
+        if 200 <= h.status < 300:
+            ok_at[(job, slot)] = min(ok_at.get((job, slot), h.received_ms), h.received_ms)
+    v.repeated_calls = sum(n - 1 for n in per_key.values())
+    v.same_attempt_repeats = sum(n - 1 for n in per_key_attempt.values())
+    lateness: list[int] = []
+    for job, slots in load.expected.items():
+        for s in slots:
+            v.slots += 1
+            recs = by_slot.get((job, s), [])
+            if require_success:
+                if (job, s) not in ok_at:
+                    v.lost.append((job, s))
+                else:
+                    lateness.append(ok_at[(job, s)] - s)
+            elif not any(r["state"] in TERMINAL for r in recs):
+                v.lost.append((job, s))
+            v.not_succeeded.extend((job, s, r["state"]) for r in recs
+                                   if r["state"] != "succeeded")
+            if len(recs) > 1 or len(keys.get((job, s), ())) > 1:
+                v.duplicates.append((job, s))
+    mine = [x for x in v.audit.violations if x.job_id in load.expected]
+    for x in mine:
+        if x.kind == "lost_slot" and (x.job_id, x.scheduled_for_ms) not in v.lost:
+            v.lost.append((x.job_id, x.scheduled_for_ms or 0))
+        elif x.kind == "duplicate_trigger" and (x.job_id, x.scheduled_for_ms) not in \
+                v.duplicates:
+            v.duplicates.append((x.job_id, x.scheduled_for_ms or 0))
+        elif x.kind == "attempts_over_policy":
+            v.over_policy.append(f"audit: {x.detail}")
+    if lateness:
+        lateness.sort()
+        v.max_lateness_ms = lateness[-1]
+        v.p99_lateness_ms = lateness[min(len(lateness) - 1, int(len(lateness) * 0.99))]
+    return v
+
+
+def audit_problems(report: AuditReport, jobs: set[str] | None = None) -> list[str]:
+    """Violations of the kinds that are never acceptable (restricted to `jobs` if given)."""
+    return [f"{x.kind}: {x.job_id} {x.detail}" for x in report.violations
+            if jobs is None or x.job_id in jobs]
+
+
+# --- consumer lag -----------------------------------------------------------------------------
+
+
+def group_lag(settings: Settings, topic_name: str, group: str | None = None) -> dict[int, int]:
+    """partition -> high watermark minus the engine group's committed offset."""
+    topic = settings.topic(topic_name)
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers,
+                  "group.id": group or settings.app_id, "enable.auto.commit": False,
+                  "log_level": 2})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        parts = sorted(md.topics[topic].partitions)
+        committed = c.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        out: dict[int, int] = {}
+        for tp in committed:
+            _low, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), 10)
+            done = tp.offset if tp.offset >= 0 else 0
+            out[tp.partition] = max(0, high - done)
+        return out
+    finally:
+        c.close()
+
+
+# --- worker logs ------------------------------------------------------------------------------
+
+
+REBALANCE_MARKERS = ("rebalanc", "Assigned partitions", "revoke", "MemberIdRequired",
+                     "heartbeat failed", "session timeout", "left the group")
+
+
+def rebalance_lines(log: str, since_line: int = 0) -> list[str]:
+    lines = log.splitlines()[since_line:]
+    return [ln for ln in lines if any(m.lower() in ln.lower() for m in REBALANCE_MARKERS)]
+
+
+@contextlib.contextmanager
+def dead_port() -> Iterator[int]:
+    """A loopback port with nothing listening (connection refused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    yield port

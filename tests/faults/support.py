@@ -134,8 +134,10 @@ class FaultReceiver(Receiver):
             return code, 0.0, ({"Retry-After": parts[2]} if code >= 300 else {})
         if parts[0] in ("kill-after-2xx", "kill-on-arrival"):
             with self._lock:
+                n = self._counts[(path, key)]
                 self._counts[(path, key)] += 1
-            return 200, (float(parts[1]) if parts[0] == "kill-on-arrival" else 0.0), {}
+            hold = parts[0] == "kill-on-arrival" and n == 0
+            return 200, (float(parts[1]) if hold else 0.0), {}
         return super()._status_for(path, key)
 
     def _kill_caller(self, req: Any, point: str, key: str) -> None:
@@ -529,6 +531,44 @@ def audit_problems(report: AuditReport, jobs: set[str] | None = None) -> list[st
     """Violations of the kinds that are never acceptable (restricted to `jobs` if given)."""
     return [f"{x.kind}: {x.job_id} {x.detail}" for x in report.violations
             if jobs is None or x.job_id in jobs]
+
+
+class Tail:
+    """Follows a topic from its current end, decoding records (to react within ms)."""
+
+    def __init__(self, settings: Settings, topic_name: str) -> None:
+        from schemas import codec
+
+        self._codec = codec
+        topic = settings.topic(topic_name)
+        self.c = Consumer({"bootstrap.servers": settings.bootstrap_servers,
+                           "group.id": f"fault-tail-{uuid.uuid4().hex}",
+                           "enable.auto.commit": False, "log_level": 2,
+                           "fetch.wait.max.ms": 10})
+        md = self.c.list_topics(topic, timeout=10)
+        tps = []
+        for p in sorted(md.topics[topic].partitions):
+            _low, high = self.c.get_watermark_offsets(TopicPartition(topic, p), 10)
+            tps.append(TopicPartition(topic, p, high))
+        self.c.assign(tps)
+
+    def wait(self, predicate: Callable[[dict[str, Any]], bool],
+             timeout_s: float) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = self.c.poll(0.05)
+            if msg is None or msg.error() or msg.value() is None:
+                continue
+            try:
+                rec = self._codec.decode(msg.value()).record
+            except Exception:
+                continue
+            if predicate(rec):
+                return rec
+        return None
+
+    def close(self) -> None:
+        self.c.close()
 
 
 # --- consumer lag -----------------------------------------------------------------------------

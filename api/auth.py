@@ -1,18 +1,23 @@
-"""API keys to tenants (constant-time), and a per-tenant token bucket."""
+"""API keys to tenants (constant-time, on hashes), and a per-tenant token bucket."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from fastapi import Request
 
 from api.problems import Problem
 from kron.clock import Clock
+from kron.settings import KEY_HASH_PREFIX, hash_api_key
 
 
 class Authenticator:
     def __init__(self, tenant_keys: dict[str, str]) -> None:
-        self._keys = [(tenant, key.encode()) for tenant, key in tenant_keys.items()]
+        # Only hashes are held (Settings has already hashed plaintext entries; hashing again
+        # leaves a hash unchanged), so a memory dump or a debugger shows no usable key.
+        self._keys = [(tenant, hash_api_key(key).encode())
+                      for tenant, key in tenant_keys.items()]
 
     def tenant_of(self, request: Request) -> str:
         presented = request.headers.get("x-api-key")
@@ -24,7 +29,9 @@ class Authenticator:
         if not presented:
             raise Problem(401, "unauthorized", "an API key is required",
                           headers={"WWW-Authenticate": "Bearer"})
-        given = presented.encode()
+        # Always hash what was presented (not hash_api_key, which passes a hash through):
+        # a leaked stored hash must not itself work as a key.
+        given = (KEY_HASH_PREFIX + hashlib.sha256(presented.encode()).hexdigest()).encode()
         tenant = None
         for name, key in self._keys:
             # Compare against every key so the time taken says nothing about which matched.

@@ -149,10 +149,15 @@ class InvalidField(Exception):
     """
 
     def __init__(self, field: str, message: str, *,
-                 errors: Sequence[tuple[str, str]] = ()) -> None:
+                 errors: Sequence[tuple[str, str]] = (), kind: str = "invalid-input",
+                 title: str | None = None) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        # A size limit has a problem type (and title) of its own so clients can tell which
+        # limit they hit without parsing `detail`; everything else is plain invalid-input.
+        self.kind = kind
+        self.title = title
         self.errors: list[tuple[str, str]] = list(errors) or [(field, message)]
 
 
@@ -573,11 +578,13 @@ def _check_url(url: str, allow_private: bool) -> None:
 def _check_headers(headers: Mapping[str, str], *, http: bool) -> dict[str, str]:
     field = "target.headers"
     if len(headers) > HEADERS_MAX:
-        raise InvalidField(field, f"{field} has {len(headers)} entries; at most {HEADERS_MAX}")
+        raise InvalidField(field, f"{field} has {len(headers)} entries; at most {HEADERS_MAX}",
+                           kind="target-headers-too-many", title="Too many target headers")
     total = sum(len(k) + len(v) for k, v in headers.items())
     if total > HEADERS_TOTAL_MAX:
         raise InvalidField(field, f"{field} total {total} characters; at most "
-                                  f"{HEADERS_TOTAL_MAX}")
+                                  f"{HEADERS_TOTAL_MAX}",
+                           kind="target-headers-too-large", title="Target headers too large")
     seen: set[str] = set()
     for name, value in headers.items():
         where = f"{field}.{_printable(name)}"
@@ -588,7 +595,8 @@ def _check_headers(headers: Mapping[str, str], *, http: bool) -> dict[str, str]:
             raise InvalidField(where, "header names can't be empty")
         if len(name) > HEADER_NAME_MAX or len(value) > HEADER_VALUE_MAX:
             raise InvalidField(where, f"header names are limited to {HEADER_NAME_MAX} and "
-                                      f"values to {HEADER_VALUE_MAX} characters")
+                                      f"values to {HEADER_VALUE_MAX} characters",
+                               kind="target-header-too-long", title="Target header too long")
         lower = name.lower()
         if lower in seen:
             raise InvalidField(where, f"duplicate header {name!r} (names are case-insensitive)")
@@ -629,7 +637,8 @@ def _http_target(t: HttpTargetIn, allow_private: bool) -> tuple[str, dict[str, A
     _check_url(t.url, allow_private)
     body = None if t.body is None else _utf8(t.body, "target.body")
     if body is not None and len(body) > BODY_MAX:
-        raise InvalidField("target.body", f"target.body is {len(body)} bytes; at most {BODY_MAX}")
+        raise InvalidField("target.body", f"target.body is {len(body)} bytes; at most {BODY_MAX}",
+                           kind="target-body-too-large", title="Target body too large")
     return "kron.HttpTarget", {
         "method": t.method, "url": t.url, "headers": _check_headers(t.headers, http=True),
         "body": body, "timeout_s": float(t.timeout_s),
@@ -651,7 +660,8 @@ def _kafka_target(t: KafkaTargetIn, topic_prefix: str) -> tuple[str, dict[str, A
                                          f"{KAFKA_KEY_MAX}")
     if value is not None and len(value) > BODY_MAX:
         raise InvalidField("target.value", f"target.value is {len(value)} bytes; at most "
-                                           f"{BODY_MAX}")
+                                           f"{BODY_MAX}",
+                           kind="target-body-too-large", title="Target body too large")
     return "kron.KafkaTarget", {"topic": t.topic, "key": key, "value": value,
                                 "headers": _check_headers(t.headers, http=False)}
 

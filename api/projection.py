@@ -28,6 +28,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from rocksdict import Options, Rdict, WriteBatch
 
+from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from schemas import codec
 from schemas.errors import DecodeError
@@ -235,11 +236,10 @@ class Projector:
             self._thread.join(10)
 
     def _consumer(self, since_ms: int | None = None) -> Consumer:
-        consumer = Consumer({
-            "bootstrap.servers": self.settings.bootstrap_servers,
+        consumer = Consumer(confluent_config(self.settings, {
             "group.id": f"kron-projector-{uuid.uuid4().hex}",  # offsets live in the views
             "enable.auto.commit": False, "log_level": 3, "fetch.wait.max.ms": 50,
-        })
+        }))
         stored = self.views.offsets()
         assignment = []
         for topic in self.topics:

@@ -9,6 +9,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from schemas import codec
 
@@ -20,8 +21,7 @@ class BrokerUnavailable(Exception):
 class CommandPublisher:
     def __init__(self, settings: Settings) -> None:
         self._topic = settings.topic("commands")
-        self._producer = Producer({
-            "bootstrap.servers": settings.bootstrap_servers,
+        self._producer = Producer(confluent_config(settings, {
             "acks": "all",
             "enable.idempotence": True,
             # Java's partitioner: a job's commands land on one partition whichever client
@@ -30,7 +30,7 @@ class CommandPublisher:
             "linger.ms": 2,
             "message.timeout.ms": 10_000,
             "log_level": 2,
-        })
+        }))
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="kron-producer", daemon=True)
         self._poller.start()

@@ -323,7 +323,8 @@ def _invalid_as_422(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except models.InvalidField as exc:
-        raise Problem(422, "invalid-input", exc.message, field=exc.field) from exc
+        title: dict[str, Any] = {"title": exc.title} if exc.title else {}
+        raise Problem(422, exc.kind, exc.message, field=exc.field, **title) from exc
 
 
 def _spec_or_problem(req: Any, now: int, settings: Settings, *,

@@ -28,6 +28,8 @@ app.add_typer(dev_app, name="dev")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(replay_app, name="replay")
 app.add_typer(bench_app, name="bench")
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 
 def _fail(exc: Exception) -> None:
@@ -126,6 +128,17 @@ def dev_reset() -> None:
     from kron.devstack import reset
 
     reset()
+
+
+@keys_app.command("hash")
+def keys_hash(
+    key: Annotated[str, typer.Argument(help="The key; '-' reads it from stdin (keeps it out "
+                                            "of shell history).")],
+) -> None:
+    """Print a key's stored form (sha256:<hex>) for KRON_API_KEYS=tenant=sha256:<hex>."""
+    from kron.settings import hash_api_key
+
+    typer.echo(hash_api_key(sys.stdin.readline().strip() if key == "-" else key))
 
 
 def main() -> None:

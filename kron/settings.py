@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import socket
 from pathlib import Path
+from typing import Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# API keys are random high-entropy tokens, so one unsalted SHA-256 is enough: nobody can
+# brute-force a 192-bit preimage, and a salt or a slow KDF only helps low-entropy passwords.
+# An unsalted digest also lets auth look keys up without knowing which tenant is asking.
+KEY_HASH_PREFIX = "sha256:"
+_KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _default_worker_id() -> str:
@@ -15,7 +24,9 @@ def _default_worker_id() -> str:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KRON_", frozen=True, extra="ignore")
+    # hide_input_in_errors: a bad KRON_API_KEYS or password must not be echoed into a log.
+    model_config = SettingsConfigDict(env_prefix="KRON_", frozen=True, extra="ignore",
+                                      hide_input_in_errors=True)
 
     # Kafka
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -23,6 +34,17 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=1, ge=1, le=5)
     min_insync_replicas: int = Field(default=1, ge=1, le=5)
     topic_prefix: str = Field(default="kron", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
+    # Kafka client security, applied to every client (kron/kafka_security.py).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = (
+        "PLAINTEXT")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: SecretStr = Field(default=SecretStr(""), repr=False)
+    kafka_ssl_ca_file: Path | None = None
+    kafka_ssl_cert_file: Path | None = None
+    kafka_ssl_key_file: Path | None = None
+    # Off only for brokers whose certificates don't name the address used to reach them.
+    kafka_ssl_check_hostname: bool = True
     session_timeout_s: float = Field(default=10.0, gt=0)
     # A slot found later than this is judged by its job's misfire policy. Longer than a
     # failover (session timeout + recovery), so a takeover runs the dead owner's late slots.
@@ -32,7 +54,8 @@ class Settings(BaseSettings):
     # API
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
-    # Comma-separated tenant=key pairs. Keys are secrets: never logged, never echoed.
+    # Comma-separated tenant=key or tenant=sha256:<hex> pairs. Plaintext keys are replaced by
+    # their hash as soon as the settings are read, so the object never holds a key.
     api_keys: str = Field(default="", repr=False)
     allow_private_targets: bool = False
     # Per-tenant limits: a token bucket on writes, and a cap on jobs that aren't finished.
@@ -49,13 +72,21 @@ class Settings(BaseSettings):
 
     @field_validator("api_keys")
     @classmethod
-    def _check_keys(cls, value: str) -> str:
-        parse_api_keys(value)
-        return value
+    def _hash_keys(cls, value: str) -> str:
+        return ",".join(f"{t}={h}" for t, h in hash_api_keys(parse_api_keys(value)).items())
+
+    @model_validator(mode="after")
+    def _check_kafka_security(self) -> Self:
+        if self.kafka_security_protocol.startswith("SASL_") and not (
+                self.kafka_sasl_username and self.kafka_sasl_password.get_secret_value()):
+            raise ValueError("SASL needs KRON_KAFKA_SASL_USERNAME and KRON_KAFKA_SASL_PASSWORD")
+        if (self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None):
+            raise ValueError("KRON_KAFKA_SSL_CERT_FILE and KRON_KAFKA_SSL_KEY_FILE go together")
+        return self
 
     @property
     def tenant_keys(self) -> dict[str, str]:
-        """tenant -> key."""
+        """tenant -> hashed key (``sha256:<hex>``); plaintext keys are never kept."""
         return parse_api_keys(self.api_keys)
 
     def topic(self, name: str) -> str:
@@ -72,5 +103,21 @@ def parse_api_keys(raw: str) -> dict[str, str]:
         tenant, sep, key = pair.partition("=")
         if not sep or not tenant.strip() or not key.strip():
             raise ValueError("KRON_API_KEYS must be comma-separated tenant=key pairs")
-        keys[tenant.strip()] = key.strip()
+        key = key.strip()
+        if key.startswith(KEY_HASH_PREFIX) and not _KEY_HASH.fullmatch(key):
+            # Never take a mistyped hash for a plaintext key: it would silently not match.
+            raise ValueError(f"the key of tenant {tenant.strip()!r} looks like a hash but is "
+                             f"not sha256: and 64 lowercase hex digits")
+        keys[tenant.strip()] = key
     return keys
+
+
+def hash_api_key(key: str) -> str:
+    """The stored form of a key: ``sha256:<hex>``. A hashed key is returned unchanged."""
+    if _KEY_HASH.fullmatch(key):
+        return key
+    return KEY_HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
+def hash_api_keys(keys: dict[str, str]) -> dict[str, str]:
+    return {tenant: hash_api_key(key) for tenant, key in keys.items()}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kron.errors import SetupError
+from kron.kafka_security import confluent_config
 from kron.settings import Settings
 
 DAY_MS = 86_400_000
@@ -57,7 +58,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 2})
+    return AdminClient(confluent_config(settings, {"log_level": 2}))
 
 
 def create_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:

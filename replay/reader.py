@@ -9,6 +9,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from kron.kafka_security import confluent_config
+from kron.settings import Settings
 from schemas import codec
 from schemas.errors import DecodeError
 
@@ -24,9 +26,19 @@ class Entry:
     timestamp_ms: int
 
 
-def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> Iterator[Entry]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kron-reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "log_level": 3})
+def _consumer(source: str | Settings) -> Consumer:
+    """Given Settings, the cluster's security settings apply; a bare bootstrap string (tests,
+    bench against the local plaintext broker) means PLAINTEXT."""
+    conf = {"group.id": f"kron-reader-{uuid.uuid4()}", "enable.auto.commit": False,
+            "log_level": 3}
+    if isinstance(source, Settings):
+        return Consumer(confluent_config(source, conf))
+    return Consumer({**conf, "bootstrap.servers": source})
+
+
+def read_topic(source: str | Settings, topic: str, *,
+               timeout_s: float = 30.0) -> Iterator[Entry]:
+    consumer = _consumer(source)
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)
         parts = sorted(md.topics[topic].partitions)
@@ -64,11 +76,10 @@ def _entry(msg: Any) -> Entry:
                  key=msg.key(), name=name, record=record, timestamp_ms=msg.timestamp()[1])
 
 
-def topic_offsets(bootstrap: str, topic: str, *,
+def topic_offsets(source: str | Settings, topic: str, *,
                   timeout_s: float = 30.0) -> dict[int, tuple[int, int]]:
     """partition -> (low, high) watermarks of a topic: how much `read_topic` will read."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kron-reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "log_level": 3})
+    consumer = _consumer(source)
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)
         meta = md.topics.get(topic)

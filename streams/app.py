@@ -87,10 +87,13 @@ class Engine:
         self.app.timer(STATS_EVERY_S)(self._log_stats)
 
     def _build_app(self) -> faust.App:
+        # The same Settings -> SASL/TLS mapping the confluent-kafka clients use.
+        from kron.kafka_security import faust_app_kwargs
+
         s = self.settings
         return faust.App(
             s.app_id,
-            broker=[f"kafka://{h}" for h in s.bootstrap_servers.split(",")],
+            **faust_app_kwargs(s),  # broker URLs and broker_credentials (SASL/TLS)
             store="rocksdb://",
             datadir=str(s.data_dir),
             autodiscover=False,

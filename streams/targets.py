@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpcore
 import httpx
 
 from streams.domain.errors import PermanentError
 from streams.domain.retry import ErrorClass, classify_http_status, parse_retry_after
-from streams.netguard import check_url
+from streams.netguard import Resolver, check_url, resolve_pinned, system_resolver
 
 EXCERPT_BYTES = 512
 
@@ -40,21 +43,84 @@ class Runner(Protocol):
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome: ...
 
 
-class HttpRunner:
-    def __init__(self, *, allow_private: bool, max_connections: int = 512) -> None:
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """Resolves the target's name once, checks every address (netguard), and opens the TCP
+    connection to a checked address. httpcore still starts TLS with the URL's host name as
+    SNI and checks the certificate against it, and the Host header is untouched, so only
+    the address the socket goes to changes. `inner` is the real network; tests swap it."""
+
+    def __init__(self, *, allow_private: bool, resolver: Resolver = system_resolver,
+                 inner: httpcore.AsyncNetworkBackend | None = None) -> None:
         self._allow_private = allow_private
+        self._resolver = resolver
+        self._inner = inner or httpcore.AnyIOBackend()
+
+    # The signatures (timeout parameters included) are httpcore's AsyncNetworkBackend's.
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
+                          local_address: str | None = None,
+                          socket_options: Iterable[Any] | None = None,
+                          ) -> httpcore.AsyncNetworkStream:
+        try:
+            addresses = await asyncio.wait_for(resolve_pinned(
+                host, port, allow_private=self._allow_private, resolver=self._resolver),
+                timeout)
+        except (OSError, TimeoutError) as exc:  # DNS failure: worth a retry
+            raise httpcore.ConnectError(f"resolving {host!r} failed: {exc}") from exc
+        last: Exception | None = None
+        for addr in addresses:  # every one was checked; try them in the resolver's order
+            try:
+                return await self._inner.connect_tcp(str(addr), port, timeout, local_address,
+                                                     socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109
+                                  socket_options: Iterable[Any] | None = None,
+                                  ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix sockets are not job targets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class PinnedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport with the connection pool built on PinnedBackend."""
+
+    def __init__(self, backend: PinnedBackend, *, limits: httpx.Limits,
+                 verify: ssl.SSLContext | bool = True) -> None:
+        super().__init__(limits=limits, trust_env=False)
+        # httpx has no public hook for the network backend; its transport only calls _pool.
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry, network_backend=backend)
+
+
+class HttpRunner:
+    def __init__(self, *, allow_private: bool, max_connections: int = 512,
+                 resolver: Resolver = system_resolver,
+                 network: httpcore.AsyncNetworkBackend | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
+        self._allow_private = allow_private
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections)
+        backend = PinnedBackend(allow_private=allow_private, resolver=resolver, inner=network)
+        # A transport of our own also means no proxy from the environment (HTTP_PROXY would
+        # otherwise resolve and connect on our behalf, unchecked) and no .netrc credentials.
         self._client = httpx.AsyncClient(
-            follow_redirects=False,
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections),
-        )
+            follow_redirects=False, trust_env=False,
+            transport=PinnedTransport(backend, limits=limits, verify=verify))
 
     async def close(self) -> None:
         await self._client.aclose()
 
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
         try:
-            check_url(target["url"], allow_private=self._allow_private)
+            # No DNS here: the name is resolved once, checked and pinned at connect time.
+            check_url(target["url"], allow_private=self._allow_private, resolve=False)
         except PermanentError as exc:
             return Outcome(ok=False, error_class=ErrorClass.PERMANENT, error=str(exc))
         headers = {
@@ -69,6 +135,8 @@ class HttpRunner:
             resp = await self._client.request(
                 target.get("method", "POST"), target["url"], headers=headers,
                 content=target.get("body"), timeout=float(target.get("timeout_s", 30.0)))
+        except PermanentError as exc:  # PinnedBackend refused every address the name has
+            return Outcome(ok=False, error_class=ErrorClass.PERMANENT, error=str(exc))
         except httpx.TimeoutException as exc:
             return Outcome(ok=False, error_class=ErrorClass.TIMEOUT,
                            error=f"timed out after {target.get('timeout_s', 30.0)}s: "

@@ -1,0 +1,234 @@
+"""HttpRunner's SSRF defences at send time: one DNS resolution, every address checked, the
+socket connected to a checked address (DNS pinning), TLS still verified against the host
+name, and redirects never followed.
+
+DNS is stubbed (a resolver function passed to HttpRunner): real DNS can't be made to answer
+with chosen or changing addresses here. The public addresses the stub hands out can't be
+reached from this machine either, so the tests' "network" (an httpcore backend) records the
+address it was asked to connect to and then connects to a local server instead. Everything
+between (httpx, httpcore's pool, TLS, the HTTP exchange) is the real code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpcore
+import pytest
+
+from streams.domain.retry import ErrorClass
+from streams.netguard import IPAddress
+from streams.targets import AttemptInfo, HttpRunner, Outcome
+
+PUBLIC = "93.184.215.14"
+INFO = AttemptInfo(exec_id="e1", job_id="j1", scheduled_for_iso="2026-01-01T00:00:00Z",
+                   attempt=1, fencing_token=1, now_ms=0)
+
+
+class Server:
+    """Loopback HTTP(S) server: /redirect answers 302 to a loopback URL, anything else 200.
+    Records (path, Host header) and the TLS SNI name; closes every connection so each
+    attempt opens (and so resolves and connects) afresh."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.hits: list[tuple[str, str]] = []
+        self.sni: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server.hits.append((self.path, self.headers.get("Host", "")))
+                if self.path == "/redirect":
+                    self.send_response(302)
+                    self.send_header("Location", f"http://127.0.0.1:{server.port}/private")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.send_header("Connection", "close")
+                self.end_headers()
+
+            do_POST = do_GET
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        if tls is not None:
+            tls.sni_callback = lambda sock, name, ctx: self.sni.append(name)  # type: ignore[assignment]
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class RoutingNetwork(httpcore.AsyncNetworkBackend):
+    """Records where the runner connects, then connects to the local server instead."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.connects: list[tuple[str, int]] = []
+        self._real = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
+                          local_address: str | None = None, socket_options: Any = None,
+                          ) -> httpcore.AsyncNetworkStream:
+        self.connects.append((host, port))
+        return await self._real.connect_tcp("127.0.0.1", self.port, timeout)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._real.sleep(seconds)
+
+
+class Dns:
+    """A stub resolver answering from a script: answers[i] for the i-th lookup."""
+
+    def __init__(self, *answers: list[str]) -> None:
+        self.answers = list(answers)
+        self.lookups: list[str] = []
+
+    async def __call__(self, host: str, port: int) -> list[IPAddress]:
+        self.lookups.append(host)
+        answer = self.answers[min(len(self.lookups), len(self.answers)) - 1]
+        return [ipaddress.ip_address(a) for a in answer]
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+def run(runner: HttpRunner, url: str, method: str = "GET") -> Outcome:
+    async def go() -> Outcome:
+        try:
+            return await runner.run({"url": url, "method": method, "timeout_s": 10.0}, INFO)
+        finally:
+            await runner.close()
+    return asyncio.run(go())
+
+
+def run_twice(runner: HttpRunner, url: str) -> tuple[Outcome, Outcome]:
+    async def go() -> tuple[Outcome, Outcome]:
+        try:
+            target = {"url": url, "method": "GET", "timeout_s": 10.0}
+            return await runner.run(target, INFO), await runner.run(target, INFO)
+        finally:
+            await runner.close()
+    return asyncio.run(go())
+
+
+def test_dns_rebinding_connects_only_to_the_checked_address(server: Server) -> None:
+    # First answer public, every later one loopback: the classic rebinding attack on a
+    # check-then-connect design, where the client's own lookup would get 127.0.0.1.
+    dns = Dns([PUBLIC], ["127.0.0.1"])
+    net = RoutingNetwork(server.port)
+    runner = HttpRunner(allow_private=False, resolver=dns, network=net)
+    first, second = run_twice(runner, "http://rebind.example:8080/hook")
+    assert first.ok, first
+    assert dns.lookups == ["rebind.example", "rebind.example"]  # one lookup per connection
+    assert net.connects == [(PUBLIC, 8080)]  # the checked address; never the name
+    assert server.hits == [("/hook", "rebind.example:8080")]  # Host header is the name
+    # The second connection's lookup answered loopback: refused, nothing connected.
+    assert not second.ok and second.error_class is ErrorClass.PERMANENT
+    assert "private address" in second.error
+
+
+def test_any_private_address_in_the_answer_refuses_the_target(server: Server) -> None:
+    net = RoutingNetwork(server.port)
+    out = run(HttpRunner(allow_private=False, resolver=Dns([PUBLIC, "::ffff:10.0.0.1"]),
+                         network=net), "http://mixed.example/")
+    assert out.error_class is ErrorClass.PERMANENT
+    assert net.connects == [] and server.hits == []
+
+
+def test_redirect_to_a_private_address_is_recorded_not_followed(server: Server) -> None:
+    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]),
+                        network=RoutingNetwork(server.port))
+    assert runner._client.follow_redirects is False
+    out = run(runner, "http://public.example/redirect")
+    assert out.status_code == 302 and not out.ok
+    assert out.error_class is ErrorClass.PERMANENT  # 3xx fails at once, no retry
+    assert [path for path, _ in server.hits] == ["/redirect"]  # /private never requested
+
+
+def test_names_are_refused_before_any_lookup() -> None:
+    dns = Dns([PUBLIC])
+    for url in ("http://localhost:1/", "http://0x7f.0.0.1/", "http://[::ffff:127.0.0.1]/",
+                "http://2130706433/", "http://169.254.169.254/latest/meta-data/"):
+        out = run(HttpRunner(allow_private=False, resolver=dns), url)
+        assert out.error_class is ErrorClass.PERMANENT, url
+    assert dns.lookups == []
+
+
+def test_allow_private_reaches_loopback_through_the_real_resolver(server: Server) -> None:
+    # Real DNS and real sockets: "localhost" may answer ::1 first, where nothing listens;
+    # the runner tries the next pinned address.
+    out = run(HttpRunner(allow_private=True), f"http://localhost:{server.port}/ok")
+    assert out.ok, out
+    refused = run(HttpRunner(allow_private=False), f"http://localhost:{server.port}/ok")
+    assert refused.error_class is ErrorClass.PERMANENT
+
+
+# --- TLS: the socket goes to the pinned IP, SNI and the certificate check use the name ------
+
+def _cert(tmp: Path, name: str) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp / f"{name}.pem", tmp / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[Server, ssl.SSLContext]]:
+    cert, key = _cert(tmp_path, "pinned.example")
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))  # trusts only the test cert
+    s = Server(tls=server_ctx)
+    yield s, client_ctx
+    s.close()
+
+
+def test_tls_uses_the_name_for_sni_and_certificate_check(
+        tls_server: tuple[Server, ssl.SSLContext]) -> None:
+    server, client_ctx = tls_server
+    net = RoutingNetwork(server.port)
+    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]), network=net,
+                        verify=client_ctx)
+    out = run(runner, "https://pinned.example/hook")
+    assert out.ok, out
+    assert net.connects == [(PUBLIC, 443)]
+    assert server.sni == ["pinned.example"]
+    assert server.hits == [("/hook", "pinned.example")]
+
+
+def test_tls_certificate_for_another_name_is_refused(
+        tls_server: tuple[Server, ssl.SSLContext]) -> None:
+    # Same pinned IP, same certificate; only the URL's name differs. Were the check made
+    # against the IP (or skipped), both hosts would be treated alike.
+    server, client_ctx = tls_server
+    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]),
+                        network=RoutingNetwork(server.port), verify=client_ctx)
+    out = run(runner, "https://impostor.example/hook")
+    assert not out.ok and "CERTIFICATE_VERIFY_FAILED" in out.error
+    assert server.hits == []

@@ -3,8 +3,11 @@ so `kron worker` (which imports the CLI) does not pay for them."""
 
 from __future__ import annotations
 
+import re
 import signal
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,22 +35,87 @@ WorkersOpt = Annotated[int, typer.Option("--workers", min=0, max=8,
 PartitionsOpt = Annotated[int, typer.Option("--partitions", min=1, max=64,
                                             help="Partitions of every kron topic.")]
 PlotOpt = Annotated[Path | None, typer.Option(
-    "--plot", help="Write a PNG of lateness over time into this directory (needs "
-                   "matplotlib; skipped if it is not installed).")]
+    "--plot", help="Write two PNGs into this directory: a lateness histogram and "
+                   "executions/s over time (matplotlib, from the bench extra).")]
+ProgressOpt = Annotated[bool, typer.Option(
+    "--progress", help="Progress bars on stderr even when it is not a terminal.")]
+WorkerEnvOpt = Annotated[list[str] | None, typer.Option(
+    "--worker-env", metavar="KEY=VALUE",
+    help="An environment variable for the worker processes (repeatable), e.g. a KRON_* "
+         "setting; the bench's own KRON_* settings are not passed on otherwise.")]
+NoBarrierOpt = Annotated[bool, typer.Option(
+    "--no-barrier", help="KRON_DISPATCH_BARRIER=false for the workers: call targets without "
+                         "waiting for Kafka's ack of the attempt (A/B the barrier).")]
+SaveOpt = Annotated[bool, typer.Option(
+    "--save", help="Also write the result and the machine's description to "
+                   "bench/results/SCENARIO[-LABEL].json (for `python -m bench.readme`).")]
+LabelOpt = Annotated[str | None, typer.Option(
+    "--label", help="Names the saved result and the plots: SCENARIO-LABEL.")]
+ResultsDirOpt = Annotated[Path | None, typer.Option(
+    "--results-dir", help="Where --save writes (default bench/results).")]
+
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(kw_only=True)
+class Common:
+    """The options every scenario shares: where output goes and the workers' environment."""
+
+    as_json: bool = False
+    plot_dir: Path | None = None
+    progress: bool = False
+    save: bool = False
+    label: str | None = None
+    results_dir: Path | None = None
+    worker_env: dict[str, str] = field(default_factory=dict)
+
+
+def worker_env(pairs: list[str] | None, *, no_barrier: bool) -> dict[str, str]:
+    """`--worker-env KEY=VALUE ...` and `--no-barrier` as one dict (--no-barrier wins)."""
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not ENV_KEY.match(key):
+            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--worker-env")
+        env[key] = value
+    if no_barrier:
+        env["KRON_DISPATCH_BARRIER"] = "false"
+    return env
+
+
+def common(*, as_json: bool, plot_dir: Path | None, progress: bool, save: bool,
+           label: str | None, results_dir: Path | None, env: list[str] | None,
+           no_barrier: bool) -> Common:
+    from bench.results import LABEL
+
+    if label is not None and not LABEL.match(label):
+        raise typer.BadParameter("letters, digits, '.', '_' and '-' only", param_hint="--label")
+    if plot_dir is not None:
+        try:  # fail now, not after a run of many minutes
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise typer.BadParameter("needs matplotlib (the bench extra of pyproject.toml)",
+                                     param_hint="--plot") from None
+    return Common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir,
+                  worker_env=worker_env(env, no_barrier=no_barrier))
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(fn: Callable[..., dict[str, Any]], *, as_json: bool, **kwargs: Any) -> None:
+def run(fn: Callable[..., dict[str, Any]], opts: Common, **kwargs: Any) -> None:
     """Runs a scenario; SIGTERM unwinds like Ctrl-C so the stack's tear-down always runs."""
+    from bench import progress, results
     from bench.report import emit, log, missing_keys
     from kron.errors import SetupError
 
+    progress.force(opts.progress)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        result = fn(**kwargs)
+        result = fn(plot_dir=opts.plot_dir, label=opts.label, worker_env=opts.worker_env,
+                    **kwargs)
     except KeyboardInterrupt:
         log("interrupted; everything the bench started is stopped")
         raise typer.Exit(130) from None
@@ -56,8 +124,13 @@ def run(fn: Callable[..., dict[str, Any]], *, as_json: bool, **kwargs: Any) -> N
         raise typer.Exit(2) from exc
     finally:
         signal.signal(signal.SIGTERM, previous)
+    result.update(worker_env=opts.worker_env, command=results.command_of(sys.argv))
     assert not missing_keys(result), missing_keys(result)
-    emit(result, as_json=as_json)
+    emit(result, as_json=opts.as_json)
+    if opts.save:
+        path = results.save(result, label=opts.label,
+                            results_dir=opts.results_dir or results.RESULTS_DIR)
+        log(f"saved {path}")
 
 
 @bench_app.command()
@@ -82,20 +155,27 @@ def steady(
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
     plot_dir: PlotOpt = None,
+    progress: ProgressOpt = False,
+    env: WorkerEnvOpt = None,
+    no_barrier: NoBarrierOpt = False,
+    save: SaveOpt = False,
+    label: LabelOpt = None,
+    results_dir: ResultsDirOpt = None,
 ) -> None:
     """RATE per-second cron jobs fire for DURATION seconds; achieved rate and lateness."""
     from bench import scenarios
 
+    opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
     if workers < 1:
         raise typer.BadParameter("steady needs at least one worker", param_hint="--workers")
     if find_max:
-        run(scenarios.find_max, as_json=as_json, start_rate=rate, step_s=step_duration,
+        run(scenarios.find_max, opts, start_rate=rate, step_s=step_duration,
             target=target.value, workers=workers, partitions=partitions,
-            max_steps=max_steps, limit_ms=limit_ms, jitter_s=jitter, plot_dir=plot_dir)
+            max_steps=max_steps, limit_ms=limit_ms, jitter_s=jitter)
         return
-    run(scenarios.steady, as_json=as_json, rate_per_s=rate, duration_s=duration,
-        target=target.value, workers=workers, partitions=partitions, jitter_s=jitter,
-        plot_dir=plot_dir)
+    run(scenarios.steady, opts, rate_per_s=rate, duration_s=duration, target=target.value,
+        workers=workers, partitions=partitions, jitter_s=jitter)
 
 
 @bench_app.command()
@@ -105,14 +185,21 @@ def burst(
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
     plot_dir: PlotOpt = None,
+    progress: ProgressOpt = False,
+    env: WorkerEnvOpt = None,
+    no_barrier: NoBarrierOpt = False,
+    save: SaveOpt = False,
+    label: LabelOpt = None,
+    results_dir: ResultsDirOpt = None,
 ) -> None:
     """JOBS one-off jobs all due in the same second: time until the last one ran."""
     from bench import scenarios
 
+    opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
     if workers < 1:
         raise typer.BadParameter("burst needs at least one worker", param_hint="--workers")
-    run(scenarios.burst, as_json=as_json, jobs=jobs, workers=workers, partitions=partitions,
-        plot_dir=plot_dir)
+    run(scenarios.burst, opts, jobs=jobs, workers=workers, partitions=partitions)
 
 
 @bench_app.command()
@@ -123,14 +210,24 @@ def timers(
     = 86_400,
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
+    plot_dir: PlotOpt = None,
+    progress: ProgressOpt = False,
+    env: WorkerEnvOpt = None,
+    no_barrier: NoBarrierOpt = False,
+    save: SaveOpt = False,
+    label: LabelOpt = None,
+    results_dir: ResultsDirOpt = None,
 ) -> None:
     """JOBS pending timers: create rate, worker RSS and disk, restart and cold-rebuild times.
 
-    Always one worker: the restart numbers are a single worker's.
+    Always one worker: the restart numbers are a single worker's. Nothing fires, so --plot
+    draws the creates' produce-to-ack latency and acks per second.
     """
     from bench import scenarios
 
-    run(scenarios.timers, as_json=as_json, jobs=jobs, partitions=partitions, due_in_s=due_in)
+    opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
+    run(scenarios.timers, opts, jobs=jobs, partitions=partitions, due_in_s=due_in)
 
 
 @bench_app.command()
@@ -141,12 +238,24 @@ def api(
     workers: WorkersOpt = 1,
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
+    plot_dir: PlotOpt = None,
+    progress: ProgressOpt = False,
+    env: WorkerEnvOpt = None,
+    no_barrier: NoBarrierOpt = False,
+    save: SaveOpt = False,
+    label: LabelOpt = None,
+    results_dir: ResultsDirOpt = None,
 ) -> None:
-    """Concurrent POST /v1/jobs against `kron api`: requests/s and latency percentiles."""
+    """Concurrent POST /v1/jobs against `kron api`: requests/s and latency percentiles.
+
+    --plot draws request latency and answered requests per second.
+    """
     from bench import scenarios
 
-    run(scenarios.api, as_json=as_json, duration_s=duration, concurrency=concurrency,
-        workers=workers, partitions=partitions)
+    opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
+    run(scenarios.api, opts, duration_s=duration, concurrency=concurrency, workers=workers,
+        partitions=partitions)
 
 
 @bench_app.command()
@@ -161,13 +270,20 @@ def failover(
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
     plot_dir: PlotOpt = None,
+    progress: ProgressOpt = False,
+    env: WorkerEnvOpt = None,
+    no_barrier: NoBarrierOpt = False,
+    save: SaveOpt = False,
+    label: LabelOpt = None,
+    results_dir: ResultsDirOpt = None,
 ) -> None:
     """Two workers at RATE; one is killed with SIGKILL mid-run. Takeover, lateness, loss."""
     from bench import scenarios
 
+    opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
     kill = duration / 3 if kill_after is None else kill_after
     if not 0 < kill < duration:
         raise typer.BadParameter("must be inside the window", param_hint="--kill-after")
-    run(scenarios.failover, as_json=as_json, rate_per_s=rate, duration_s=duration,
-        kill_after_s=kill, partitions=partitions, session_timeout_s=session_timeout,
-        plot_dir=plot_dir)
+    run(scenarios.failover, opts, rate_per_s=rate, duration_s=duration, kill_after_s=kill,
+        partitions=partitions, session_timeout_s=session_timeout)

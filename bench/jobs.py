@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from array import array
 from typing import Any
 
 from confluent_kafka import KafkaError, Producer
@@ -71,13 +72,23 @@ class CommandSink:
         self.acked = 0
         self.errors: list[str] = []
         self.last_ack = 0.0  # monotonic time of the latest ack
+        # For --plot: every ack's time and produce-to-ack latency. Arrays of doubles, not
+        # lists of floats: a million pending timers would otherwise cost ~50 MB of objects.
+        self.ack_times: array[float] | None = None
+        self.ack_latency_ms: array[float] | None = None
 
-    def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
+    def record_acks(self) -> None:
+        self.ack_times, self.ack_latency_ms = array("d"), array("d")
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
             self.errors.append(str(err))
             return
         self.acked += 1
         self.last_ack = time.monotonic()
+        if self.ack_times is not None and self.ack_latency_ms is not None:
+            self.ack_times.append(self.last_ack)
+            self.ack_latency_ms.append((msg.latency() or 0.0) * 1000)
 
     def create(self, job_id: str, spec: dict[str, Any], *, partition: int | None = None) -> None:
         value = codec.encode(CREATE, create_command(job_id, spec))

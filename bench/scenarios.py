@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.jobs import http_target, job_spec, kafka_target
+from bench.progress import Bar
 from bench.receiver import Hit, KafkaReceiver
-from bench.report import Result, log, plot, rate, summary
+from bench.report import Result, log, rate, summary
 from bench.stack import History, Stack, du_bytes, executor_of
 from streams.domain.schedule import apply_jitter
 
@@ -47,8 +48,11 @@ def next_second(ms: float) -> int:
     return int(math.ceil(ms / 1000.0) * 1000)
 
 
-def sleep_until(wall_ms: float, stack: Stack, step_s: float = 0.25) -> None:
-    """Sleeps to a wall-clock time in short steps, failing fast if a worker died."""
+def sleep_until(wall_ms: float, stack: Stack, step_s: float = 0.25,
+                tick: Callable[[], None] | None = None) -> None:
+    """Sleeps to a wall-clock time in short steps, failing fast if a worker died.
+
+    `tick` runs every step (a progress bar's update)."""
     for _ in range(1_000_000):  # bounded by the deadline; the count is a backstop
         left = (wall_ms - now_ms()) / 1000
         if left <= 0:
@@ -56,6 +60,8 @@ def sleep_until(wall_ms: float, stack: Stack, step_s: float = 0.25) -> None:
         for name, proc in stack.workers.items():
             if not proc.alive() and not proc.expected_exit:
                 raise RuntimeError(f"worker {name} died during the run:\n{proc.tail()}")
+        if tick is not None:
+            tick()
         time.sleep(min(step_s, left))
 
 
@@ -109,7 +115,7 @@ def due_of(jitter_s: float) -> Callable[[Hit], int]:
 
 
 def drain(hits: list[Hit], seen: Deliveries, prefix: str, expected: int, timeout_s: float,
-          quiet_s: float = 8.0) -> bool:
+          quiet_s: float = 8.0, on_count: Callable[[int], None] | None = None) -> bool:
     """Waits until the target saw `expected` execution ids of the run; False if it gave up.
 
     It gives up at the timeout, or once no new execution arrived for `quiet_s`: an
@@ -119,6 +125,8 @@ def drain(hits: list[Hit], seen: Deliveries, prefix: str, expected: int, timeout
     count, since = -1, time.monotonic()
     while time.monotonic() < deadline:
         n = seen.update(hits, prefix)
+        if on_count is not None:
+            on_count(n)
         if n >= expected:
             return True
         if n != count:
@@ -133,21 +141,28 @@ def drain(hits: list[Hit], seen: Deliveries, prefix: str, expected: int, timeout
 
 
 def create_jobs(stack: Stack, ids: Iterable[str], spec: dict[str, Any],
-                timeout_s: float) -> dict[str, float]:
-    """Produces a CreateJob per id, then waits for the worker to apply them all.
+                timeout_s: float, total: int) -> dict[str, float]:
+    """Produces a CreateJob per id (`total` of them), then waits for the worker to apply them.
 
     Returns seconds from the first produce to the last ack, and to the last JobState the
     worker wrote (each create writes exactly one to kron.jobs).
     """
-    base = stack.count("jobs")
+    base, acked_before = stack.count("jobs"), stack.sink.acked
     started = time.monotonic()
     n = 0
-    for job_id in ids:
-        stack.sink.create(job_id, spec)
-        n += 1
-    stack.sink.flush()
+    with Bar("creating (acked by Kafka)", total, unit=" jobs") as bar:
+        for job_id in ids:
+            stack.sink.create(job_id, spec)
+            n += 1
+            if n % 1000 == 0:  # the bar reads the clock; not once per job
+                bar.update(stack.sink.acked - acked_before)
+        stack.sink.flush()
+        bar.update(stack.sink.acked - acked_before)
     acked = stack.sink.last_ack - started
-    applied_at = stack.wait_count("jobs", base + n, timeout_s)
+    # kron.jobs also grows by other jobs' updates (probes firing): the bar stops at n.
+    with Bar("applied by the worker", n, unit=" jobs") as bar:
+        applied_at = stack.wait_count("jobs", base + n, timeout_s,
+                                      on_count=lambda c: bar.update(min(n, c - base)))
     if applied_at is None:
         raise RuntimeError(f"the worker applied {stack.count('jobs') - base} of {n} creates "
                            f"within {timeout_s:.0f}s")
@@ -156,6 +171,28 @@ def create_jobs(stack: Stack, ids: Iterable[str], spec: dict[str, Any],
 
 def lead_ms(jobs: int) -> float:
     return 4000 + jobs / APPLY_PER_S * 1000
+
+
+def write_plots(plot_dir: Path | None, **figures: Any) -> list[str] | None:
+    """--plot: the lateness histogram and the throughput plot (bench.plots.Figures)."""
+    if plot_dir is None:
+        return None
+    from bench import plots  # matplotlib loads only when a plot is asked for
+
+    paths = plots.write(plot_dir, plots.Figures(**figures))
+    log(f"plots written to {plot_dir}: {' '.join(Path(p).name for p in paths)}")
+    return paths
+
+
+def plot_stem(scenario: str, label: str | None) -> str:
+    """`<scenario>[-<label>]`, like the saved result: the README links stay valid when the
+    plots are regenerated with the same command."""
+    return f"{scenario}-{label}" if label else scenario
+
+
+def since_s(seen: Deliveries, origin_ms: int) -> list[float]:
+    """Receive time of each execution's first delivery, seconds after origin."""
+    return [(h.recv_ms - origin_ms) / 1000 for h in seen.first.values()]
 
 
 def common(stack: Stack, scenario: str, *, executions: int, duration_s: float,
@@ -189,11 +226,6 @@ def states_of(history: History, prefix: str) -> Counter[str]:
     """Latest execution state per execution of the run's jobs, counted."""
     return Counter(r["state"] for r in history.latest().values()
                    if r["job_id"].startswith(prefix))
-
-
-def lateness_points(seen: Deliveries, due: Callable[[Hit], int],
-                    origin_ms: int) -> list[tuple[float, float]]:
-    return [((due(h) - origin_ms) / 1000, h.recv_ms - due(h)) for h in seen.first.values()]
 
 
 def start_workers(stack: Stack, n: int) -> float:
@@ -244,16 +276,21 @@ def run_step(stack: Stack, step: Step, *, target: tuple[str, dict[str, Any]],
     log(f"{step.prefix}: creating {step.rate} per-second cron jobs, window "
         f"{step.duration_s}s from {datetime.fromtimestamp(step.window_ms / 1000, UTC):%T}")
     step.setup = create_jobs(stack, (f"{step.prefix}{i}" for i in range(step.rate)), spec,
-                             timeout_s=max(60.0, (step.window_ms - now_ms()) / 1000 + 60))
+                             timeout_s=max(60.0, (step.window_ms - now_ms()) / 1000 + 60),
+                             total=step.rate)
     step.setup_margin_ms = step.window_ms - now_ms()
     if step.setup_margin_ms < 500:
         log(f"[yellow]warning:[/yellow] the creates were applied only {step.setup_margin_ms} ms "
             "before the window; the first slots may start late")
     sleep_until(step.window_ms, stack)
     stack.sampler.mark()
-    sleep_until(end_ms + jitter_s * 1000, stack)
-    step.drained = drain(hits, step.seen, step.prefix, step.expected,
-                         timeout_s=30 + step.duration_s)
+    with Bar(f"{step.prefix} {step.rate}/s for {step.duration_s}s", step.expected,
+             unit=" executions") as bar:
+        # Counting the target's hits during the window costs the bench CPU: only for a bar.
+        tick = (lambda: bar.update(step.seen.update(hits, step.prefix))) if bar.on else None
+        sleep_until(end_ms + jitter_s * 1000, stack, tick=tick)
+        step.drained = drain(hits, step.seen, step.prefix, step.expected,
+                             timeout_s=30 + step.duration_s, on_count=bar.update)
     if not step.drained:
         log(f"[yellow]warning:[/yellow] the target saw {len(step.seen.first)} of "
             f"{step.expected} executions by the end of the drain")
@@ -261,8 +298,9 @@ def run_step(stack: Stack, step: Step, *, target: tuple[str, dict[str, Any]],
 
 
 def steady(*, rate_per_s: int, duration_s: int, target: str, workers: int, partitions: int,
-           jitter_s: float = 0.0, plot_dir: Path | None = None) -> Result:
-    with Stack(partitions=partitions) as stack:
+           jitter_s: float = 0.0, plot_dir: Path | None = None, label: str | None = None,
+           worker_env: dict[str, str] | None = None) -> Result:
+    with Stack(partitions=partitions, worker_env=worker_env) as stack:
         start_workers(stack, workers)
         tgt, hits, kafka_rx = _target(stack, target)
         try:
@@ -279,10 +317,10 @@ def steady(*, rate_per_s: int, duration_s: int, target: str, workers: int, parti
                         duration_s=s["duration_s"], lateness=step.seen.lateness(due),
                         history=history, seen=step.seen)
         result.update(_steady_extras(step, history, target, jitter_s, kafka_rx))
-        if plot_dir is not None:
-            result["plot"] = plot(lateness_points(step.seen, due, step.window_ms),
-                                  plot_dir / f"steady-{target}-{rate_per_s}.png",
-                                  title=f"steady {rate_per_s}/s via {target}")
+        result["plots"] = write_plots(
+            plot_dir, stem=plot_stem("steady", label),
+            title=f"steady {rate_per_s}/s via {target}", values_ms=step.seen.lateness(due),
+            times_s=since_s(step.seen, step.window_ms), target_per_s=rate_per_s)
         return result
 
 
@@ -341,10 +379,11 @@ def next_rate(good: int, bad: int | None, current: int) -> int | None:
 
 def find_max(*, start_rate: int, step_s: int, target: str, workers: int, partitions: int,
              max_steps: int, limit_ms: float, jitter_s: float = 0.0,
-             plot_dir: Path | None = None) -> Result:
+             plot_dir: Path | None = None, label: str | None = None,
+             worker_env: dict[str, str] | None = None) -> Result:
     """Raises the rate until p99 lateness passes `limit_ms` (or the target falls behind)."""
     due = due_of(jitter_s)
-    with Stack(partitions=partitions) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env) as stack:
         start_workers(stack, workers)
         tgt, hits, kafka_rx = _target(stack, target)
         steps: list[Step] = []
@@ -381,34 +420,40 @@ def find_max(*, start_rate: int, step_s: int, target: str, workers: int, partiti
                         history=history, seen=best.seen)
         result.update({"find_max": True, "target": target, "limit_p99_ms": limit_ms,
                        "max_sustainable_rate": good, "first_unsustained_rate": bad,
+                       "rate": best.rate, "window_s": best.duration_s,
                        "executions_per_s": b["achieved_per_s"],
+                       "achieved_per_s": b["achieved_per_s"],
                        "lateness_clock": KAFKA_CLOCK if kafka_rx else HTTP_CLOCK,
                        "steps": summaries})
-        if plot_dir is not None:
-            result["plot"] = plot(lateness_points(best.seen, due, best.window_ms),
-                                  plot_dir / f"steady-max-{target}.png",
-                                  title=f"steady {best.rate}/s via {target} (highest sustained)")
+        result["plots"] = write_plots(
+            plot_dir, stem=plot_stem("steady", label),
+            title=f"steady {best.rate}/s via {target} (highest sustained)",
+            values_ms=best.seen.lateness(due), times_s=since_s(best.seen, best.window_ms),
+            target_per_s=best.rate)
         return result
 
 
 # --- burst ------------------------------------------------------------------------------------
 
 
-def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = None) -> Result:
+def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = None,
+          label: str | None = None, worker_env: dict[str, str] | None = None) -> Result:
     """N one-off jobs all due at the same second, created well before it."""
-    with Stack(partitions=partitions) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env) as stack:
         start_workers(stack, workers)
         due_ms = next_second(now_ms() + lead_ms(jobs))
         spec = job_spec(target=http_target(f"{stack.receiver.url}/b"), run_at_ms=due_ms)
         log(f"creating {jobs} one-off jobs due at "
             f"{datetime.fromtimestamp(due_ms / 1000, UTC):%T}")
         setup = create_jobs(stack, (f"b-{i}" for i in range(jobs)), spec,
-                            timeout_s=max(60.0, (due_ms - now_ms()) / 1000 + 60))
+                            timeout_s=max(60.0, (due_ms - now_ms()) / 1000 + 60), total=jobs)
         margin = due_ms - now_ms()
         sleep_until(due_ms, stack)
         stack.sampler.mark()
         seen = Deliveries()
-        drained = drain(stack.receiver.hits, seen, "b-", jobs, timeout_s=60 + jobs / 50)
+        with Bar(f"burst of {jobs}", jobs, unit=" executions") as bar:
+            drained = drain(stack.receiver.hits, seen, "b-", jobs, timeout_s=60 + jobs / 50,
+                            on_count=bar.update)
         time.sleep(1.5)
         history = stack.history(grace_ms=AUDIT_GRACE_MS)
         late = seen.lateness(lambda h: h.scheduled_ms)
@@ -422,27 +467,32 @@ def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = N
             "unfired": max(0, jobs - sum(states.values())), "missed": states.get("missed", 0),
             "states": dict(states),
             "setup": {**setup, "margin_ms": margin}, "lateness_clock": HTTP_CLOCK})
-        if plot_dir is not None:
-            result["plot"] = plot(sorted(((h.recv_ms - due_ms) / 1000, h.recv_ms - due_ms)
-                                         for h in seen.first.values()),
-                                  plot_dir / f"burst-{jobs}.png", title=f"burst of {jobs}",
-                                  xlabel="receive time since the due second (s)")
+        result["plots"] = write_plots(
+            plot_dir, stem=plot_stem("burst", label), title=f"burst of {jobs}",
+            values_ms=late, times_s=since_s(seen, due_ms),
+            time_label="seconds since the due second")
         return result
 
 
 # --- timers -----------------------------------------------------------------------------------
 
 
-def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400) -> Result:
+def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400,
+           plot_dir: Path | None = None, label: str | None = None,
+           worker_env: dict[str, str] | None = None) -> Result:
     """N pending one-offs: create rate, memory and disk with them pending, restart times."""
-    with Stack(partitions=partitions) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env) as stack:
         empty_ready_s = start_workers(stack, 1)
         stack.sampler.mark()
         spec = job_spec(target=http_target(f"{stack.receiver.url}/never"),
                         run_at_ms=now_ms() + due_in_s * 1000)
         log(f"creating {jobs} pending one-off jobs ...")
+        if plot_dir is not None:
+            stack.sink.record_acks()
+        started = time.monotonic()
         setup = create_jobs(stack, (f"p-{i}" for i in range(jobs)), spec,
-                            timeout_s=max(120.0, jobs / 50))
+                            timeout_s=max(120.0, jobs / 50), total=jobs)
+        plots = _timers_plots(stack, plot_dir, plot_stem("timers", label), started, jobs)
         time.sleep(2.0)  # let RocksDB flush and the RSS settle before reading them
         stack.sampler.sample()
         pending = {"rss_mb": stack.sampler.rss_mb(["w1"], peak=False).get("w1"),
@@ -468,8 +518,24 @@ def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400) -> Result:
             "cold_ready_s": cold["ready_s"], "cold_stop_s": cold["stop_s"],
             "rss_mb_after_cold": stack.sampler.rss_mb(["w1"], peak=False).get("w1"),
             "disk_mb_after_cold": round(du_bytes(stack.worker_dir("w1")) / 2**20, 1),
+            "plots": plots,
         })
         return result
+
+
+def _timers_plots(stack: Stack, plot_dir: Path | None, stem: str, started: float,
+                  jobs: int) -> list[str] | None:
+    """Nothing fires in `timers`: its plots are the creates' ack latency and acks/s."""
+    sink = stack.sink
+    if plot_dir is None or sink.ack_times is None or sink.ack_latency_ms is None:
+        return None
+    paths = write_plots(
+        plot_dir, stem=stem, title=f"{jobs:,} pending timers", values_ms=sink.ack_latency_ms,
+        times_s=[t - started for t in sink.ack_times], hist_name="ack-latency", counted="creates",
+        hist_label="CreateJob produce-to-ack latency, acks=all (ms, log scale)",
+        rate_label="creates acked by Kafka per second", time_label="seconds since the first create")
+    sink.ack_times = sink.ack_latency_ms = None  # a million of each: free them
+    return paths
 
 
 def restart(stack: Stack, *, wipe: bool) -> dict[str, float]:
@@ -496,6 +562,7 @@ def restart(stack: Stack, *, wipe: bool) -> dict[str, float]:
 class ApiLoad:
     latencies_ms: list[float] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
+    done_s: list[float] = field(default_factory=list)  # when each answer came, for --plot
 
 
 async def _api_load(url: str, key: str, target_url: str, *, concurrency: int,
@@ -503,7 +570,8 @@ async def _api_load(url: str, key: str, target_url: str, *, concurrency: int,
     import httpx
 
     load = ApiLoad()
-    deadline = time.monotonic() + duration_s
+    started = time.monotonic()
+    deadline = started + duration_s
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def client_loop(client: httpx.AsyncClient, n: int) -> None:
@@ -521,6 +589,7 @@ async def _api_load(url: str, key: str, target_url: str, *, concurrency: int,
                 status = type(exc).__name__
             load.latencies_ms.append((time.perf_counter() - t0) * 1000)
             load.statuses[status] += 1
+            load.done_s.append(time.monotonic() - started)
 
     async with httpx.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=30,
                                  limits=limits) as client:
@@ -528,9 +597,11 @@ async def _api_load(url: str, key: str, target_url: str, *, concurrency: int,
     return load
 
 
-def api(*, duration_s: int, concurrency: int, workers: int, partitions: int) -> Result:
+def api(*, duration_s: int, concurrency: int, workers: int, partitions: int,
+        plot_dir: Path | None = None, label: str | None = None,
+        worker_env: dict[str, str] | None = None) -> Result:
     """Concurrent POST /v1/jobs against a `kron api` process (one-offs due in an hour)."""
-    with Stack(partitions=partitions) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env) as stack:
         if workers:
             start_workers(stack, workers)
         url = stack.start_api()
@@ -554,6 +625,12 @@ def api(*, duration_s: int, concurrency: int, workers: int, partitions: int) -> 
             "accepted": ok, "requests_per_s": rate(ok, took),
             "latency_ms": summary(load.latencies_ms), "statuses": dict(load.statuses),
             "worker_applied_lag_s": applied_lag})
+        result["plots"] = write_plots(
+            plot_dir, stem=plot_stem("api", label),
+            title=f"POST /v1/jobs, {concurrency} clients", values_ms=load.latencies_ms,
+            times_s=load.done_s, hist_name="latency", counted="requests",
+            hist_label="request latency (ms, log scale)",
+            rate_label="answered requests per second", time_label="seconds since the load began")
         return result
 
 
@@ -561,9 +638,11 @@ def api(*, duration_s: int, concurrency: int, workers: int, partitions: int) -> 
 
 
 def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partitions: int,
-             session_timeout_s: float | None, plot_dir: Path | None = None) -> Result:
+             session_timeout_s: float | None, plot_dir: Path | None = None,
+             label: str | None = None, worker_env: dict[str, str] | None = None) -> Result:
     """Two workers at a steady rate; one is SIGKILLed mid-window. Who picks up, how fast."""
-    with Stack(partitions=partitions, session_timeout_s=session_timeout_s) as stack:
+    with Stack(partitions=partitions, session_timeout_s=session_timeout_s,
+               worker_env=worker_env) as stack:
         start_workers(stack, 2)
         owners = stack.partition_owners(stack.last_probe_ids)
         victim = "w2" if "w2" in owners.values() else "w1"
@@ -576,7 +655,8 @@ def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partition
         spec = job_spec(target=http_target(f"{stack.receiver.url}/f"), cron=EVERY_SECOND,
                         start_at_ms=window_ms, end_at_ms=end_ms - 1, lease_s=10.0)
         setup = create_jobs(stack, (f"f-{i}" for i in range(rate_per_s)), spec,
-                            timeout_s=max(60.0, (window_ms - now_ms()) / 1000 + 60))
+                            timeout_s=max(60.0, (window_ms - now_ms()) / 1000 + 60),
+                            total=rate_per_s)
         sleep_until(window_ms, stack)
         stack.sampler.mark()
         kill_ms = window_ms + int(kill_after_s * 1000)
@@ -600,11 +680,11 @@ def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partition
                        "session_timeout_s": stack.settings.session_timeout_s,
                        "states": dict(states_of(history, "f-")),
                        "lateness_clock": HTTP_CLOCK})
-        if plot_dir is not None:
-            result["plot"] = plot(lateness_points(seen, due, window_ms),
-                                  plot_dir / f"failover-{rate_per_s}.png",
-                                  title=f"failover at {rate_per_s}/s",
-                                  marks=[((kill_ms - window_ms) / 1000, f"kill -9 {victim}")])
+        result["plots"] = write_plots(
+            plot_dir, stem=plot_stem("failover", label),
+            title=f"failover at {rate_per_s}/s", values_ms=seen.lateness(due),
+            times_s=since_s(seen, window_ms), target_per_s=rate_per_s,
+            marks=[((kill_ms - window_ms) / 1000, f"kill -9 {victim}")])
         return result
 
 

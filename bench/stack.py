@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,10 +245,13 @@ def executor_of(rec: dict[str, Any]) -> str | None:
 
 
 class Stack:
-    def __init__(self, *, partitions: int = 8, session_timeout_s: float | None = None) -> None:
+    def __init__(self, *, partitions: int = 8, session_timeout_s: float | None = None,
+                 worker_env: dict[str, str] | None = None) -> None:
         self.root = REPO / ".kron" / f"bench-{os.getpid()}"
         self.partitions = partitions
         self.session_timeout_s = session_timeout_s
+        # `--worker-env`/`--no-barrier`: set on workers only, after (so over) the bench's own.
+        self.worker_env = dict(worker_env or {})
         self.api_key = secrets.token_urlsafe(16)
         self.workers: dict[str, Proc] = {}
         self.api: Proc | None = None
@@ -352,13 +355,16 @@ class Stack:
     def worker_dir(self, name: str) -> Path:
         return self.root / f"{name}-state"
 
+    def worker_process_env(self, name: str) -> dict[str, str]:
+        return {**self.env(KRON_DATA_DIR=str(self.worker_dir(name)), KRON_WORKER_ID=name),
+                **self.worker_env}
+
     def start_worker(self, name: str) -> Proc:
         old = self.workers.get(name)
         if old is not None and old.alive():
             raise RuntimeError(f"worker {name} is already running")
         proc = Proc(name=name, args=["worker"], log_path=self.root / f"{name}.log",
-                    env=self.env(KRON_DATA_DIR=str(self.worker_dir(name)),
-                                 KRON_WORKER_ID=name)).start()
+                    env=self.worker_process_env(name)).start()
         self.workers[name] = proc
         self.sampler.track(name, proc.pid)
         return proc
@@ -407,11 +413,17 @@ class Stack:
         return sum(self._wm.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[1]
                    for p in range(self.partitions))
 
-    def wait_count(self, name: str, target: int, timeout_s: float) -> float | None:
-        """Polls until `name` holds `target` records; the monotonic time it did, or None."""
+    def wait_count(self, name: str, target: int, timeout_s: float,
+                   on_count: Callable[[int], None] | None = None) -> float | None:
+        """Polls until `name` holds `target` records; the monotonic time it did, or None.
+
+        `on_count` sees every count polled (a progress bar)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.count(name) >= target:
+            n = self.count(name)
+            if on_count is not None:
+                on_count(n)
+            if n >= target:
                 return time.monotonic()
             time.sleep(0.1)
         return None

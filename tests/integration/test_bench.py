@@ -1,4 +1,9 @@
-"""`kron bench` end to end: it starts its own broker and worker, measures, audits, cleans up."""
+"""`kron bench` end to end: it starts its own broker and worker, measures, audits, cleans up.
+
+A small run of each of the five scenarios (seconds of load each): the JSON contract (the last
+stdout line, every common key and the scenario's own), no loss, no duplicates; and --plot,
+--save, --progress and --no-barrier on the way.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,9 +21,18 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = ("scenario", "executions", "duration_s", "executions_per_s", "lateness_ms", "lost",
             "duplicates", "rss_mb", "cpu_s")
+SCENARIO_KEYS = {
+    "steady": ("target", "rate", "achieved_per_s"),
+    "burst": ("jobs", "time_to_last_ms", "unfired"),
+    "timers": ("jobs", "create_acked_per_s", "create_applied_per_s", "pending",
+               "restart_ready_s", "cold_ready_s"),
+    "api": ("requests_per_s", "latency_ms", "accepted"),
+    "failover": ("rate", "takeover_ms", "orphan_lateness_ms", "session_timeout_s"),
+}
+PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def bench(*args: str, timeout_s: float) -> dict:
+def bench(*args: str, timeout_s: float) -> dict[str, Any]:
     proc = subprocess.Popen([sys.executable, "-m", "kron", "bench", *args, "--json"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -29,28 +44,75 @@ def bench(*args: str, timeout_s: float) -> dict:
         out, err = proc.communicate(timeout=60)
         pytest.fail(f"kron bench {args[0]} took over {timeout_s}s:\n{err[-4000:]}")
     assert proc.returncode == 0, err[-4000:]
-    result = json.loads(out.strip().splitlines()[-1])
-    assert [k for k in REQUIRED if k not in result] == []
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    assert [k for k in REQUIRED + SCENARIO_KEYS[args[0]] if k not in result] == []
     assert set(result["lateness_ms"]) >= {"p50", "p95", "p99", "max"}
+    assert result["scenario"] == args[0]
+    assert result["lost"] == 0 and result["duplicates"] == 0, result["audit"]
     assert not (REPO / ".kron" / f"bench-{proc.pid}").exists(), "temp dir left behind"
+    result["_stderr"] = err
     return result
 
 
-def test_steady_http_reports_on_time_executions_without_loss() -> None:
-    r = bench("steady", "--rate", "50", "--duration", "5", "--target", "http", timeout_s=75)
-    assert r["scenario"] == "steady"
+def pngs(paths: list[str]) -> list[str]:
+    """Names of the files, after checking each is a non-empty PNG."""
+    for p in paths:
+        data = Path(p).read_bytes()
+        assert data.startswith(PNG) and len(data) > 1000, p
+    return [Path(p).name for p in paths]
+
+
+def test_steady_http_reports_on_time_executions_without_loss(tmp_path: Path) -> None:
+    r = bench("steady", "--rate", "50", "--duration", "5", "--target", "http",
+              "--plot", str(tmp_path / "plots"), "--save", "--label", "smoke",
+              "--results-dir", str(tmp_path / "results"), timeout_s=75)
     assert r["executions"] > 0
     assert r["executions"] == r["expected"] == 250, r
-    assert r["lost"] == 0 and r["duplicates"] == 0, r["audit"]
     assert r["target_duplicates"] == 0
     assert r["lateness_ms"]["p50"] is not None
     assert r["rss_mb"]["w1"] > 0 and r["cpu_s"]["w1"] > 0
+    assert pngs(r["plots"]) == ["steady-smoke-lateness.png", "steady-smoke-throughput.png"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "steady-smoke-lateness.png", "steady-smoke-throughput.png"]
+    saved = json.loads((tmp_path / "results" / "steady-smoke.json").read_text())
+    assert saved["executions"] == 250 and saved["label"] == "smoke"
+    assert saved["command"] == "kron bench steady --rate 50 --duration 5 --target http"
+    assert set(saved["machine"]) >= {"nproc", "cpu_model", "ram_gb", "python", "date",
+                                     "git_commit"}
+    assert " ETA " not in r["_stderr"], "no progress bar unless stderr is a terminal"
 
 
-def test_burst_runs_every_job_once() -> None:
-    r = bench("burst", "--jobs", "200", timeout_s=75)
-    assert r["scenario"] == "burst"
+def test_burst_runs_every_job_once_with_progress_and_without_the_barrier() -> None:
+    r = bench("burst", "--jobs", "200", "--progress", "--no-barrier", timeout_s=75)
     assert r["executions"] == 200, r
-    assert r["lost"] == 0 and r["duplicates"] == 0, r["audit"]
     assert r["target_duplicates"] == 0
     assert r["time_to_last_ms"] >= r["lateness_ms"]["p50"]
+    assert r["worker_env"] == {"KRON_DISPATCH_BARRIER": "false"}
+    # --progress draws on stderr even into a pipe; stdout still ends with the JSON.
+    assert "burst of 200 [########################] 200/200" in r["_stderr"]
+    assert "creating (acked by Kafka) [" in r["_stderr"]
+
+
+def test_timers_creates_pending_jobs_and_restarts() -> None:
+    r = bench("timers", "--jobs", "300", timeout_s=150)
+    assert r["jobs"] == 300 and r["executions"] == 0
+    assert r["create_acked_per_s"] > 0 and r["create_applied_per_s"] > 0
+    assert r["restart_ready_s"] > 0 and r["cold_ready_s"] > 0
+    assert r["pending"]["rss_mb"] > 0
+
+
+def test_api_accepts_creates(tmp_path: Path) -> None:
+    r = bench("api", "--duration", "3", "--concurrency", "4", "--plot", str(tmp_path),
+              timeout_s=90)
+    assert r["accepted"] > 0 and r["requests_per_s"] > 0
+    assert r["accepted"] == r["requests"], r["statuses"]
+    assert r["latency_ms"]["p99"] is not None
+    assert pngs(r["plots"]) == ["api-latency.png", "api-throughput.png"]
+
+
+def test_failover_takes_over_the_killed_workers_partitions() -> None:
+    r = bench("failover", "--rate", "20", "--duration", "12", "--session-timeout", "6",
+              timeout_s=150)
+    assert r["executions"] == r["expected"] == 240, r["states"]
+    assert r["orphaned_partitions"] and r["takeover_ms"] is not None
+    assert r["orphan_lateness_ms"]["max"] is not None

@@ -1,0 +1,280 @@
+"""`python -m bench.readme`: bench/results/*.json into the README's performance table.
+
+Rewrites only what lies between the `<!-- perf:start -->` and `<!-- perf:end -->` markers,
+so the hand-written rest of the section (and of the README) stays as it is. Each result is
+judged against the floor of its scenario (FLOORS); a floor with no result yet still gets a
+row, "not measured", so the table always shows what is left to prove.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.results import REPO, RESULTS_DIR
+
+START, END = "<!-- perf:start -->", "<!-- perf:end -->"
+README = REPO / "README.md"
+ORDER = ("steady", "burst", "timers", "api", "failover")
+COLUMNS = ("result", "options", "executions/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "lost",
+           "dup", "peak RSS MB", "CPU s", "key figures", "floor", "floor met")
+Result = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Floor:
+    key: str
+    scenario: str
+    text: str
+    short: Callable[[Result], list[str]]  # how a result falls short; empty when met
+
+
+def _lat(r: Result, q: str, key: str = "lateness_ms") -> float | None:
+    return (r.get(key) or {}).get(q)
+
+
+def _over(name: str, value: float | None, limit: float, unit: str) -> list[str]:
+    if value is None:
+        return [f"no {name}"]
+    return [f"{name} {value:,.1f} {unit} > {limit:,.0f} {unit}"] if value > limit else []
+
+
+def _under(name: str, value: float | None, floor: float, unit: str) -> list[str]:
+    if value is None:
+        return [f"no {name}"]
+    return [f"{name} {value:,.0f}{unit} < {floor:,.0f}{unit}"] if value < floor else []
+
+
+def _window(r: Result) -> float:
+    return float(r.get("window_s") or r.get("duration_s") or 0)
+
+
+def _steady(min_rate: float, p99_ms: float, *, one_worker: bool = False,
+            window_s: float = 60) -> Callable[[Result], list[str]]:
+    def short(r: Result) -> list[str]:
+        out = _under("rate", r.get("achieved_per_s"), min_rate, "/s")
+        out += _under("window", _window(r), window_s, " s")
+        out += _over("p99", _lat(r, "p99"), p99_ms, "ms")
+        if one_worker and r.get("workers") != 1:
+            out.append(f"{r.get('workers')} workers, not 1")
+        return out
+    return short
+
+
+def _burst(r: Result) -> list[str]:
+    out = _under("jobs", r.get("jobs"), 20_000, "")
+    if r.get("executions", 0) < r.get("jobs", 0):
+        out.append(f"ran {r.get('executions'):,} of {r.get('jobs'):,}")
+    out += _over("last", r.get("time_to_last_ms"), 3000, "ms")
+    return out + _over("p50", _lat(r, "p50"), 1000, "ms")
+
+
+def _timers(r: Result) -> list[str]:
+    # "Via Kafka" counts a create once the worker applied it, not when Kafka acked it.
+    out = _under("jobs", r.get("jobs"), 1_000_000, "")
+    out += _under("creates", r.get("create_applied_per_s"), 20_000, "/s")
+    out += _over("RSS", (r.get("rss_mb") or {}).get("w1"), 1536, "MB")
+    out += _over("restart", r.get("restart_ready_s"), 15, "s")
+    return out + _over("cold rebuild", r.get("cold_ready_s"), 120, "s")
+
+
+def _api(r: Result) -> list[str]:
+    return (_under("creates", r.get("requests_per_s"), 1000, "/s")
+            + _over("p99", _lat(r, "p99", "latency_ms"), 150, "ms"))
+
+
+def _failover(r: Result) -> list[str]:
+    limit_s = float(r.get("session_timeout_s") or 0) + 5
+    return (_under("rate", r.get("rate"), 500, "/s")
+            + _over("orphan max lateness", _lat(r, "max", "orphan_lateness_ms"),
+                    limit_s * 1000, "ms"))
+
+
+FLOORS = (
+    Floor("steady-kafka", "steady", "kafka, 1 worker: ≥5,000/s for 60 s, p99 ≤ 1 s",
+          _steady(5000, 1000, one_worker=True)),
+    Floor("steady-http", "steady", "http: ≥2,000/s for 60 s, p99 ≤ 1 s", _steady(2000, 1000)),
+    Floor("steady-500", "steady", "500/s: p99 ≤ 100 ms", _steady(500 * 0.99, 100, window_s=0)),
+    Floor("burst", "burst", "20,000 due at one second: all within 3 s, p50 ≤ 1 s", _burst),
+    Floor("timers", "timers", "1,000,000 pending: ≥20,000 creates/s via Kafka, RSS ≤ 1.5 GB, "
+          "restart ≤ 15 s, cold rebuild ≤ 120 s", _timers),
+    Floor("api", "api", "≥1,000 creates/s, p99 ≤ 150 ms", _api),
+    Floor("failover", "failover", "at 500/s: orphaned slots run within session timeout + 5 s",
+          _failover),
+)
+
+
+def floor_of(r: Result) -> Floor | None:
+    scenario = r.get("scenario")
+    if scenario == "steady":
+        key = ("steady-500" if r.get("rate") == 500 else
+               "steady-kafka" if r.get("target") == "kafka" else "steady-http")
+    else:
+        key = str(scenario)
+    return next((f for f in FLOORS if f.key == key), None)
+
+
+def verdict(floor: Floor, r: Result) -> str:
+    problems = floor.short(r)
+    if r.get("lost"):
+        problems.append(f"{r['lost']} lost")
+    if r.get("duplicates"):
+        problems.append(f"{r['duplicates']} duplicates")
+    return "**met**" if not problems else "not met: " + "; ".join(problems)
+
+
+# --- cells ----------------------------------------------------------------------------------
+
+
+def num(v: Any, unit: str = "") -> str:
+    """1 decimal below 100, thousands separators above; a dash for what was not measured."""
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return (f"{v:,.1f}" if abs(v) < 100 and v != int(v) else f"{v:,.0f}") + unit
+    return str(v)
+
+
+def options(r: Result) -> str:
+    """What was measured, spelled out (defaults included, unlike the command line)."""
+    s = r.get("scenario")
+    w = f"{r.get('workers', '?')} worker{'s' if r.get('workers') != 1 else ''}"
+    parts = {
+        "steady": [str(r.get("target")), f"{num(r.get('rate'))}/s x {num(_window(r))} s", w],
+        "burst": [f"{num(r.get('jobs'))} jobs", w],
+        "timers": [f"{num(r.get('jobs'))} jobs"],
+        "api": [f"{r.get('concurrency')} clients x {num(r.get('duration_s'))} s", w],
+        "failover": [f"{num(r.get('rate'))}/s x {num(_window(r))} s",
+                     f"kill at {num(r.get('kill_after_s'))} s"],
+    }.get(str(s), [])
+    if r.get("find_max"):
+        parts.append("find-max")
+    if r.get("jitter_s"):
+        parts.append(f"jitter {r['jitter_s']} s")
+    if r.get("partitions", 8) != 8:
+        parts.append(f"{r['partitions']} partitions")
+    for k, v in (r.get("worker_env") or {}).items():
+        parts.append("no barrier" if (k, v) == ("KRON_DISPATCH_BARRIER", "false") else f"{k}={v}")
+    return ", ".join(parts)
+
+
+def key_figures(r: Result) -> str:
+    s = r.get("scenario")
+    if s == "steady":
+        if r.get("find_max"):
+            return f"max sustained {num(r.get('max_sustainable_rate'))}/s"
+        missed = f", {num(r.get('missed'))} missed" if r.get("missed") else ""
+        return f"{num(r.get('executions'))} of {num(r.get('expected'))} ran{missed}"
+    if s == "burst":
+        return f"last at {num(r.get('time_to_last_ms'))} ms"
+    if s == "timers":
+        return (f"creates {num(r.get('create_acked_per_s'))}/s acked, "
+                f"{num(r.get('create_applied_per_s'))}/s applied; restart "
+                f"{num(r.get('restart_ready_s'))} s; cold rebuild {num(r.get('cold_ready_s'))} s")
+    if s == "api":
+        p50, p99 = _lat(r, "p50", "latency_ms"), _lat(r, "p99", "latency_ms")
+        return f"{num(r.get('requests_per_s'))} req/s; latency p50 {num(p50)} ms, p99 {num(p99)} ms"
+    if s == "failover":
+        takeover = r.get("takeover_ms")
+        return (f"takeover {num(None if takeover is None else takeover / 1000)} s; orphan max "
+                f"lateness {num(_lat(r, 'max', 'orphan_lateness_ms'))} ms")
+    return ""
+
+
+def row(name: str, r: Result) -> list[str]:
+    floor = floor_of(r)
+    rss, cpu = (r.get("rss_mb") or {}).values(), (r.get("cpu_s") or {}).values()
+    return [name, options(r), num(r.get("executions_per_s")),
+            *(num(_lat(r, q)) for q in ("p50", "p95", "p99", "max")),
+            num(r.get("lost")), num(r.get("duplicates")), num(max(rss, default=None)),
+            num(round(sum(cpu), 1) if cpu else None), key_figures(r),
+            floor.text if floor else "-", verdict(floor, r) if floor else "-"]
+
+
+def machines(results: Sequence[tuple[str, Result]]) -> list[str]:
+    """One line per machine the results came from, with their dates and commits."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for _name, r in results:
+        m = r.get("machine") or {}
+        line = (f"{m.get('nproc', '?')} CPUs ({m.get('cpu_model') or 'unknown CPU'}), "
+                f"{num(m.get('ram_gb'))} GB RAM, Python {m.get('python', '?')}, "
+                f"Linux {m.get('kernel', '?')}")
+        by.setdefault(line, []).append(m)
+    out = []
+    for line, ms in by.items():
+        dates = sorted(str(m.get("date", "?"))[:10] for m in ms)
+        commits = sorted({str(m.get("git_commit") or "?")[:10]
+                          + ("+changes" if m.get("git_dirty") else "") for m in ms})
+        span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+        out.append(f"Machine: {line}; measured {span} at commit {', '.join(commits)}.")
+    return out
+
+
+def render(results: Sequence[tuple[str, Result]]) -> str:
+    """The markdown between the markers: machine line(s) and the table."""
+    def md(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    ordered = sorted(results, key=lambda nr: (
+        ORDER.index(nr[1]["scenario"]) if nr[1].get("scenario") in ORDER else len(ORDER), nr[0]))
+    seen = {f.key for _n, r in ordered if (f := floor_of(r))}
+    lines = ["<!-- generated by `python -m bench.readme` from bench/results/*.json: "
+             "edits here are overwritten -->", ""]
+    lines += machines(ordered) or ["Machine: no results saved yet (`kron bench ... --save`)."]
+    lines += ["", md(COLUMNS), md(["---"] * len(COLUMNS))]
+    lines += [md(row(name, r)) for name, r in ordered]
+    lines += [md([f.key, *["-"] * (len(COLUMNS) - 3), f.text, "not measured"])
+              for f in FLOORS if f.key not in seen]
+    return "\n".join(lines)
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def load(results_dir: Path) -> list[tuple[str, Result]]:
+    out = []
+    for path in sorted(results_dir.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and "scenario" in doc:
+            out.append((path.stem, doc))
+    return out
+
+
+def rewrite(text: str, block: str) -> str:
+    """text with everything between the markers replaced by block."""
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README needs {START} followed by {END}")
+    return f"{text[:start + len(START)]}\n{block}\n{text[end:]}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.readme", description=__doc__.split("\n")[0])
+    p.add_argument("--results", type=Path, default=RESULTS_DIR, help="the results directory")
+    p.add_argument("--readme", type=Path, default=README, help="the file to rewrite")
+    p.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 if the README is not up to date")
+    p.add_argument("--print", action="store_true", help="print the table instead")
+    args = p.parse_args(argv)
+    block = render(load(args.results))
+    if args.print:
+        print(block)
+        return 0
+    old = args.readme.read_text()
+    new = rewrite(old, block)
+    if args.check:
+        return 0 if new == old else 1
+    if new != old:
+        args.readme.write_text(new)
+    print(f"{args.readme}: {'updated' if new != old else 'up to date'} "
+          f"({len(load(args.results))} results)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`--save`: a run's result, with the machine it ran on, as bench/results/<name>.json.
+
+`python -m bench.readme` turns these files into the README's performance table, so a
+result must say where it came from: cores, CPU model, RAM, Python, date, git commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Flags that change only where output goes, not what is measured: left out of `command`.
+OUTPUT_FLAGS = {"--json", "--progress", "--save"}
+OUTPUT_VALUED = {"--plot", "--label", "--results-dir"}
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return platform.processor() or None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        # x86 says "model name"; some ARM kernels only "Hardware" or "Processor".
+        if sep and key.strip() in ("model name", "Hardware", "Processor"):
+            return " ".join(value.split())
+    return platform.processor() or None
+
+
+def ram_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    try:
+        text = meminfo.read_text()
+    except OSError:
+        return None
+    kb = next((int(line.split()[1]) for line in text.splitlines()
+               if line.startswith("MemTotal:")), None)
+    return None if kb is None else round(kb / 2**20, 1)
+
+
+def git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def machine() -> dict[str, Any]:
+    # Uncommitted changes to tracked files mean the commit alone does not reproduce the run.
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "nproc": os.cpu_count(), "cpu_model": cpu_model(), "ram_gb": ram_gb(),
+        "python": platform.python_version(), "kernel": platform.release(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git_commit": git("rev-parse", "HEAD"), "git_dirty": None if dirty is None else bool(dirty),
+    }
+
+
+def command_of(argv: Sequence[str]) -> str:
+    """`kron bench SCENARIO ...` as it ran, without the output-only flags: how to reproduce."""
+    args = list(argv)
+    args = args[args.index("bench") + 1:] if "bench" in args else args[1:]
+    out: list[str] = []
+    skip = False
+    for a in args:
+        name = a.split("=", 1)[0]
+        if skip or name in OUTPUT_FLAGS:
+            skip = False
+            continue
+        if name in OUTPUT_VALUED:
+            skip = "=" not in a  # its value is the next argument
+            continue
+        out.append(a)
+    return " ".join(["kron bench", *out])
+
+
+def path_for(scenario: str, label: str | None, results_dir: Path = RESULTS_DIR) -> Path:
+    if label is not None and not LABEL.match(label):
+        raise ValueError(f"label {label!r}: letters, digits, '.', '_' and '-' only")
+    return results_dir / (f"{scenario}-{label}.json" if label else f"{scenario}.json")
+
+
+def save(result: dict[str, Any], *, label: str | None, results_dir: Path = RESULTS_DIR) -> Path:
+    path = path_for(result["scenario"], label, results_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {**result, "label": label, "machine": machine()}
+    tmp = path.with_suffix(".json.tmp")  # never a half-written result for bench.readme
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path

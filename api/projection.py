@@ -32,6 +32,7 @@ from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from schemas import codec
 from schemas.errors import DecodeError
+from streams.domain.fencing import EpochFence, epoch_of_headers
 
 log = logging.getLogger("kron.projection")
 
@@ -225,6 +226,7 @@ class Projector:
         self.applied = 0
         self.caught_up = False
         self.start_offsets: dict[tuple[str, int], int] = {}
+        self._fence = EpochFence()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kron-projector", daemon=True)
@@ -275,8 +277,12 @@ class Projector:
         for msg in msgs:
             if msg.error():
                 continue
-            self.apply(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0),
-                       msg.value())
+            topic, partition = str(msg.topic()), int(msg.partition() or 0)
+            value = msg.value()
+            if not self._fence.admit((topic, partition),
+                                     epoch_of_headers(msg.headers()), msg.timestamp()[1]):
+                value = None  # a replaced owner's late write: never state, so not shown
+            self.apply(topic, partition, int(msg.offset() or 0), value)
         with self._cond:
             self._cond.notify_all()
 

@@ -16,7 +16,7 @@ import httpx
 
 from kron import localkafka
 from kron.errors import SetupError
-from kron.settings import Settings, parse_api_keys
+from kron.settings import Settings, hash_api_keys, parse_api_keys
 from kron.topics import create_topics
 
 STATE = Path(".kron")
@@ -82,7 +82,9 @@ def up(*, nodes: int = 1) -> None:
         "KRON_BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
         "KRON_REPLICATION_FACTOR": str(cluster.replication_factor),
         "KRON_MIN_INSYNC_REPLICAS": str(cluster.min_insync_replicas),
-        "KRON_API_KEYS": keys,
+        # Processes get the keys hashed: the plaintext stays with the user (.kron/dev-api-key).
+        "KRON_API_KEYS": ",".join(f"{t}={h}" for t, h
+                                  in hash_api_keys(parse_api_keys(keys)).items()),
         "KRON_ALLOW_PRIVATE_TARGETS": "true",
     }
     settings = Settings(bootstrap_servers=cluster.bootstrap_servers)

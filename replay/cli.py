@@ -70,7 +70,7 @@ def _progress(console: Console) -> Progress:
 def _read(settings: Settings, name: str, progress: Progress | None) -> Iterator[Entry]:
     """read_topic with a progress bar: the bar follows offsets, so compaction gaps count."""
     topic = settings.topic(name)
-    bootstrap = settings.bootstrap_servers
+    bootstrap = settings  # Settings, not a bare address: the cluster's security applies
     if progress is None:
         yield from read_topic(bootstrap, topic)
         return

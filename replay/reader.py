@@ -13,6 +13,7 @@ from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from schemas import codec
 from schemas.errors import DecodeError
+from streams.domain.fencing import EpochFence, epoch_of_headers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,16 +51,19 @@ def read_topic(source: str | Settings, topic: str, *,
         if not ends:
             return
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        # A replaced owner's late writes never became state; a replay leaves them out too.
+        fence = EpochFence()
         while ends:
             msg = consumer.poll(timeout_s)
             if msg is None:
                 raise TimeoutError(f"no record from {topic} within {timeout_s}s")
             if msg.error():
                 continue
-            entry = _entry(msg)
-            yield entry
-            if entry.offset + 1 >= ends.get(entry.partition, 0):
-                ends.pop(entry.partition, None)
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+            if fence.admit(partition, epoch_of_headers(msg.headers()), msg.timestamp()[1]):
+                yield _entry(msg)
+            if offset + 1 >= ends.get(partition, 0):
+                ends.pop(partition, None)
     finally:
         consumer.close()
 

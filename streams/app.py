@@ -5,7 +5,10 @@ Built by `build_engine(settings)` at process start; nothing is built at import t
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +24,8 @@ from streams.domain.errors import PermanentError
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore
 from streams.engine.faust_store import TableStore
 from streams.executor import Executor
+from streams.lease import OwnershipLease
+from streams.tables import FencedTable
 from streams.targets import CommandRunner, HttpRunner, KafkaRunner
 from streams.ticker import Ticker
 
@@ -52,6 +57,7 @@ class Engine:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.stats = Stats()
+        self.lease = OwnershipLease(clock=self.clock, session_timeout_s=settings.session_timeout_s)
         self.app = self._build_app()
         p = settings.partitions
 
@@ -64,8 +70,10 @@ class Engine:
         opts = {"block_cache_size": 16 << 20, "write_buffer_size": 16 << 20}
 
         def table(name: str) -> Any:
-            return self.app.Table(name, key_type=bytes, value_type=bytes, partitions=p,
-                                  changelog_topic=topic(name, compacting=True), options=opts)
+            return self.app.tables.add(FencedTable(
+                self.app, name=name, beacon=self.app.tables.beacon, key_type=bytes,
+                value_type=bytes, partitions=p, changelog_topic=topic(name, compacting=True),
+                options=opts, epoch=self.epoch))
 
         self._topics: dict[str, Any] = {"signals": self.signals,
                                          "dead-letters": self.dead_letters}
@@ -79,7 +87,8 @@ class Engine:
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
                      "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
             report=self._report, clock=self.clock, worker_id=settings.worker_id,
-            before_dispatch=self.barrier.wait if settings.dispatch_barrier else None)
+            before_dispatch=self.barrier.wait if settings.dispatch_barrier else None,
+            may_dispatch=self.owns)
         self.app.agent(self.app.topic(settings.topic("commands"), settings.topic("signals"),
                                       **RAW),
                        name="kron-engine", concurrency=1)(self._agent)
@@ -150,19 +159,60 @@ class Engine:
         await self.signals.send(key=record.get("job_id", "").encode(),
                                 value=codec.encode(name, record), partition=partition)
 
-    def epoch(self) -> int:
-        """The consumer group generation: it only grows, so it fences older owners."""
+    def coordinator(self) -> Any:
         try:
             consumer: Any = self.app.consumer
-            return int(consumer._thread._consumer._coordinator.generation)
-        except AttributeError:
-            return 0
+            return consumer._thread._consumer._coordinator
+        except AttributeError:  # not started yet
+            return None
+
+    def epoch(self) -> int:
+        """The consumer group generation: it only grows, so it fences older owners."""
+        generation = getattr(self.coordinator(), "generation", 0)
+        return generation if isinstance(generation, int) and generation > 0 else 0
+
+    def owned_partitions(self) -> set[int]:
+        topic = self.settings.topic("signals")
+        try:
+            actives = self.app.assignor.assigned_actives()
+        except Exception:  # before the first assignment
+            return set()
+        return {tp.partition for tp in actives if tp.topic == topic}
+
+    def owns(self, partition: int) -> bool:
+        """May this process still act for the partition? Checked before every dispatch."""
+        return self.lease.valid() and partition in self.owned_partitions()
+
+    async def _hold_lease(self) -> None:
+        """Act only inside the lease. After a pause longer than the session (SIGSTOP, a
+        frozen VM) the group has likely given our partitions away: wait briefly for a
+        heartbeat to prove otherwise, else start over as a fresh member."""
+        self.lease.watch(self.coordinator())
+        if self.lease.valid():
+            return
+        log.warning("ownership lease lapsed; holding the stream",
+                    extra={"worker": self.settings.worker_id,
+                           "lapsed_s": round(-self.lease.remaining_s(), 1)})
+        deadline = self.clock.monotonic() + self.settings.session_timeout_s
+        while not self.lease.valid():
+            if self.app.rebalancing or self.clock.monotonic() > deadline:
+                self._restart("ownership lease lost: the group may have moved our partitions")
+            await asyncio.sleep(0.05)
+        log.info("ownership lease renewed", extra={"worker": self.settings.worker_id})
+
+    def _restart(self, why: str) -> None:
+        """Replace this process with a fresh worker: nothing buffered by the old owner
+        (records, queued attempts) survives, and the new member restores from Kafka."""
+        log.error("%s; restarting the worker", why, extra={"worker": self.settings.worker_id})
+        logging.shutdown()
+        os.execv(sys.executable, sys.orig_argv)
 
     # --- the agent ---------------------------------------------------------------------------
 
     async def _agent(self, stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            await self._hold_lease()
             try:
                 effects = self._handle(msg)
             except (DecodeError, PermanentError) as exc:

@@ -65,9 +65,12 @@ class FairQueue:
 class Executor:
     def __init__(self, *, runners: dict[str, Runner], report: Reporter, clock: Clock,
                  worker_id: str, concurrency: int = 256,
-                 before_dispatch: Callable[[], Awaitable[None]] | None = None) -> None:
+                 before_dispatch: Callable[[], Awaitable[None]] | None = None,
+                 may_dispatch: Callable[[int], bool] | None = None) -> None:
         # Awaited before each call: the engine passes its durability barrier here.
         self._before_dispatch = before_dispatch
+        # Asked right before each call: does this process still own the partition?
+        self._may_dispatch = may_dispatch
         self._runners = runners
         self._report = report
         self._clock = clock
@@ -78,6 +81,7 @@ class Executor:
         self._inflight: dict[str, asyncio.Task[Outcome]] = {}
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
+        self.fenced = 0
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._concurrency)]
@@ -125,6 +129,12 @@ class Executor:
                 log.warning("attempt not dispatched: its start was not acknowledged",
                             extra={"exec_id": job.dispatch.exec_id})
                 return
+        if self._may_dispatch is not None and not self._may_dispatch(job.partition):
+            # A paused or cut-off owner: the partition's new owner retries it by lease.
+            self.fenced += 1
+            log.warning("attempt not dispatched: partition %s is no longer ours",
+                        job.partition, extra={"exec_id": d.exec_id})
+            return
         started = self._clock.now_ms()
         target = d.target
         host = (urlsplit(target["url"]).hostname or "") if "url" in target else ""

@@ -57,12 +57,11 @@ class Ticker:
         self._wake.set()
 
     def _owned(self) -> set[int]:
-        topic = self._engine.settings.topic("signals")
-        try:
-            actives = self._engine.app.assignor.assigned_actives()
-        except Exception:  # before the first assignment
-            return set()
-        return {tp.partition for tp in actives if tp.topic == topic}
+        # Outside the lease we may not be the owner any more: the new one ticks. Watching
+        # starts here too, as a worker with timers but no commands gets no other event.
+        lease = self._engine.lease
+        lease.watch(self._engine.coordinator())
+        return self._engine.owned_partitions() if lease.valid() else set()
 
     def _rescan(self, owned: set[int]) -> None:
         for p in list(self._next):

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from kron.cli import app
-from kron.settings import Settings, parse_api_keys
+from kron.settings import Settings, hash_api_keys, parse_api_keys
 
 
 def test_settings_read_the_kron_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -16,7 +16,7 @@ def test_settings_read_the_kron_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings()
     assert s.bootstrap_servers == "h1:1,h2:2"
     assert s.partitions == 12
-    assert s.tenant_keys == {"a": "k1", "b": "k2"}
+    assert s.tenant_keys == hash_api_keys({"a": "k1", "b": "k2"})
     assert s.allow_private_targets is True
 
 

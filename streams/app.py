@@ -38,6 +38,8 @@ REPORTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.Exec
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
                        "value_serializer": "raw"}
 STATS_EVERY_S = 30.0
+# sysexits' EX_IOERR: a supervisor sees a machine problem, not a crash in kron.
+EXIT_STATE_UNWRITABLE = 74
 IGNORED = frozenset({"kron.engine.CircuitOpened", "kron.engine.CircuitClosed",
                      "kron.executions.TriggerSuppressed"})
 
@@ -200,6 +202,17 @@ class Engine:
             await asyncio.sleep(0.05)
         log.info("ownership lease renewed", extra={"worker": self.settings.worker_id})
 
+    def _stop_for_environment(self, exc: BaseException, msg: Any) -> None:
+        """A full or unwritable state dir is not the record's fault: dead-lettering would
+        drop a valid command. Stop without acknowledging it; after a restart (with space
+        again) the record is read again and local state is restored from the changelogs."""
+        log.critical("local state unwritable (%s); stopping the worker so %s[%s]@%s is not "
+                     "lost: free space in KRON_DATA_DIR=%s and start it again", exc, msg.topic,
+                     msg.partition, msg.offset, self.settings.data_dir,
+                     extra={"worker": self.settings.worker_id})
+        logging.shutdown()
+        os._exit(EXIT_STATE_UNWRITABLE)
+
     def _restart(self, why: str) -> None:
         """Replace this process with a fresh worker: nothing buffered by the old owner
         (records, queued attempts) survives, and the new member restores from Kafka."""
@@ -219,6 +232,8 @@ class Engine:
                 await self._dead_letter(msg, exc)
                 continue
             except Exception as exc:  # a poison record must not stall the partition
+                if _environmental(exc):
+                    self._stop_for_environment(exc, msg)
                 log.exception("handler failed; dead-lettering the record")
                 await self._dead_letter(msg, exc)
                 continue
@@ -288,6 +303,20 @@ class Engine:
         log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, exc)
         await self.dead_letters.send(key=msg.key, value=codec.encode(
             "kron.deadletter.DeadLetter", record), partition=msg.partition)
+
+
+_ENVIRONMENTAL_MARKERS = ("No space left", "IO error", "Read-only file system",
+                        "Disk quota exceeded", "Too many open files")
+
+
+def _environmental(exc: BaseException) -> bool:
+    """Is this the machine's fault (disk, descriptors), not the record's?"""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) or any(m in str(seen) for m in _ENVIRONMENTAL_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:

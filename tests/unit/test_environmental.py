@@ -1,0 +1,28 @@
+"""A full disk stops the worker; it never turns a valid record into a dead letter."""
+
+from __future__ import annotations
+
+import errno
+
+from streams.app import _environmental
+
+
+def test_disk_and_descriptor_errors_are_the_machines_fault() -> None:
+    assert _environmental(OSError(errno.ENOSPC, "No space left on device"))
+    assert _environmental(Exception("IO error: No space left on device: While appending"))
+    assert _environmental(RuntimeError("Read-only file system"))
+
+
+def test_the_cause_chain_is_searched() -> None:
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as inner:
+            raise ValueError("write failed") from inner
+    except ValueError as outer:
+        assert _environmental(outer)
+
+
+def test_record_errors_are_not_environmental() -> None:
+    assert not _environmental(KeyError("job_id"))
+    assert not _environmental(ValueError("bad cron"))

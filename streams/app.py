@@ -158,8 +158,9 @@ class Engine:
         await fut
 
     async def _report(self, partition: int, name: str, record: dict[str, Any]) -> None:
-        await self.signals.send(key=record.get("job_id", "").encode(),
-                                value=codec.encode(name, record), partition=partition)
+        value = codec.encode_trusted(name, record)
+        await self.signals.send(key=record.get("job_id", "").encode(), value=value,
+                                partition=partition)
 
     def coordinator(self) -> Any:
         try:

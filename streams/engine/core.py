@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -84,6 +85,9 @@ class Context:
     effects: list[Effect] = field(default_factory=list)
     # Numbers the records one event writes, so each gets its own deterministic event id.
     seq: int = 0
+    # lease due time -> [exec_id, attempt] of the attempts this event started or re-armed;
+    # written as one timer per due time when the event is done (see _flush_leases).
+    leases: dict[int, list[list[str | int]]] = field(default_factory=dict)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -141,6 +145,10 @@ class PartitionCore:
 
     def on_command(self, name: str, cmd: Record, ctx: Context) -> list[Effect]:
         """Apply one command. Raises PermanentError for a command that can never apply."""
+        self._on_command(name, cmd, ctx)
+        return self._flush_leases(ctx)
+
+    def _on_command(self, name: str, cmd: Record, ctx: Context) -> list[Effect]:
         kind = name.rsplit(".", 1)[-1]
         job = self.store.job(cmd["job_id"])
         if job is not None:
@@ -319,11 +327,14 @@ class PartitionCore:
         for key, value in due[:limit]:
             self.store.delete_timer(key)
             self._on_timer(key, value, ctx)
-        return ctx.effects, len(due) > limit
+        return self._flush_leases(ctx), len(due) > limit
 
     def _on_timer(self, key: bytes, value: bytes, ctx: Context) -> None:
         tk = decode_timer_key(key)
         data = orjson.loads(value)
+        if tk.kind == TimerKind.LEASE:
+            self._check_leases(data["l"] if "l" in data else [[tk.ref, data["a"]]], ctx)
+            return
         job = self.store.job(tk.job_id)
         if job is None:
             return
@@ -339,10 +350,35 @@ class PartitionCore:
             return
         if tk.kind == TimerKind.RETRY and ex["state"] == "retry_pending":
             self._next_attempt(job, ex, ctx)
-        elif tk.kind == TimerKind.LEASE and ex["state"] == "running":
-            self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
-                               error="lease expired: the worker stopped heartbeating",
-                               status_code=None, retry_after_s=None, started_at_ms=None)
+
+    # --- leases ------------------------------------------------------------------------------
+
+    def _lease(self, ex: Record, ctx: Context) -> None:
+        ctx.leases.setdefault(ex["lease_until_ms"], []).append([ex["exec_id"], ex["attempt"]])
+
+    def _flush_leases(self, ctx: Context) -> list[Effect]:
+        """One timer for all the attempts an event leased until the same time, instead of a
+        put and a delete per attempt: finished attempts are skipped when it fires."""
+        for n, (due, entries) in enumerate(sorted(ctx.leases.items())):
+            key = timer_key(due_ms=due, kind=TimerKind.LEASE, job_id="",
+                            ref=f"{ctx.causation_id}:{n}")
+            self.store.put_timer(key, orjson.dumps({"l": entries}))
+        ctx.leases.clear()
+        return ctx.effects
+
+    def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
+        for ex_id, attempt in entries:
+            ex = self.store.execution(ex_id)
+            if ex is None or ex["attempt"] != attempt or ex["state"] != "running":
+                continue  # finished, retried or cancelled since: nothing to judge
+            if ex["lease_until_ms"] > ctx.now_ms:
+                self._lease(ex, ctx)  # heartbeats extended it: look again then
+                continue
+            job = self.store.job(ex["job_id"])
+            if job is not None:
+                self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
+                                   error="lease expired: the worker stopped heartbeating",
+                                   status_code=None, retry_after_s=None, started_at_ms=None)
 
     # --- firing ------------------------------------------------------------------------------
 
@@ -498,7 +534,7 @@ class PartitionCore:
             "worker": ctx.worker, "started_at_ms": ctx.now_ms, "finished_at_ms": None,
             "outcome": None, "status_code": None, "error": None,
         })
-        self._put_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
+        self._lease(ex, ctx)
         self._save_exec(ctx, ex, "execution.started")
         ctx.effects.append(Dispatch(
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
@@ -523,7 +559,6 @@ class PartitionCore:
         if ex is None or ex["state"] in TERMINAL:
             _discard(job["running"], ex_id)
             return
-        self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
         self._del_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
         ctx.effects.append(Cancel(exec_id=ex_id, fencing_token=ex["fencing_token"]))
         # Bumping the token fences the cancelled attempt: its late report is rejected.
@@ -535,6 +570,10 @@ class PartitionCore:
     # --- attempt reports ---------------------------------------------------------------------
 
     def on_report(self, name: str, rep: Record, ctx: Context) -> list[Effect]:
+        self._on_report(name, rep, ctx)
+        return self._flush_leases(ctx)
+
+    def _on_report(self, name: str, rep: Record, ctx: Context) -> list[Effect]:
         ex = self.store.execution(rep["exec_id"])
         if ex is None or ex["state"] != "running" or ex["fencing_token"] != rep["fencing_token"]:
             # A zombie's or a cancelled attempt's word: fenced, never applied.
@@ -545,20 +584,17 @@ class PartitionCore:
             return ctx.effects
         kind = name.rsplit(".", 1)[-1]
         if kind == "ExecutionHeartbeat":
-            self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
             # Only ever extend: a duplicated or reordered heartbeat must not pull the lease
-            # back in and expire a live attempt.
+            # back in and expire a live attempt. The lease timer stays where it is; when it
+            # fires it finds the later time and re-arms itself.
             ex["lease_until_ms"] = max(ex["lease_until_ms"] or 0, rep["lease_until_ms"])
-            self._put_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
             self._save_exec(ctx, ex, "execution.heartbeat")
         elif kind == "ExecutionSucceeded":
-            self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
             _close_attempt(ex, rep, "succeeded")
             ex["state"] = "succeeded"
             ex["status_code"] = rep.get("status_code")
             self._finish(job, ex, ctx, "execution.succeeded")
         elif kind == "ExecutionFailed":
-            self._del_exec_timer(ex, TimerKind.LEASE, ex["lease_until_ms"])
             self._fail_attempt(job, ex, ctx, error_class=ErrorClass(rep["error_class"]),
                                error=rep["error"], status_code=rep.get("status_code"),
                                retry_after_s=rep.get("retry_after_s"),

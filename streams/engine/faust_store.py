@@ -59,15 +59,15 @@ class TableStore:
         return None if raw is None else codec.decode(raw).record
 
     def put_job(self, job: Record) -> None:
-        self._jobs[job["job_id"].encode()] = codec.encode(JOB_STATE, job)
+        self._jobs[job["job_id"].encode()] = codec.encode_trusted(JOB_STATE, job)
 
     def execution(self, exec_id: str) -> Record | None:
         raw = self._executions.get(exec_id.encode())
         return None if raw is None else codec.decode(raw).record
 
     def put_execution(self, execution: Record) -> None:
-        self._executions[execution["exec_id"].encode()] = codec.encode(EXECUTION_STATE,
-                                                                       execution)
+        self._executions[execution["exec_id"].encode()] = codec.encode_trusted(
+            EXECUTION_STATE, execution)
 
     def put_timer(self, key: bytes, value: bytes) -> None:
         self._timers[key] = value

@@ -2,7 +2,7 @@
 
 Checked when a job is created and again at send time (DNS can change in between). At send
 time the name is resolved once, every address is checked, and the connection goes to a
-checked address (`resolve_pinned`, used by streams/targets.py's network backend), so a DNS
+checked address (`resolve_pinned`, called by streams/targets.py's PinnedResolver), so a DNS
 answer that changes between the check and the connect (rebinding) can't reach a private
 address. Redirects are never followed, so a public URL can't bounce into a private one.
 """

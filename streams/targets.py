@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpcore
-import httpx
+import aiohttp
+import certifi
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from streams.domain.errors import PermanentError
 from streams.domain.retry import ErrorClass, classify_http_status, parse_retry_after
@@ -43,79 +44,77 @@ class Runner(Protocol):
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome: ...
 
 
-class PinnedBackend(httpcore.AsyncNetworkBackend):
-    """Resolves the target's name once, checks every address (netguard), and opens the TCP
-    connection to a checked address. httpcore still starts TLS with the URL's host name as
-    SNI and checks the certificate against it, and the Host header is untouched, so only
-    the address the socket goes to changes. `inner` is the real network; tests swap it."""
+class PinnedResolver(AbstractResolver):
+    """aiohttp's resolver hook, asked on every new connection (the connector's DNS cache is
+    off): one resolution, every address checked by netguard, and aiohttp then dials exactly
+    the addresses returned here while keeping the URL's host name for SNI, the certificate
+    check and the Host header. So the check applies to the addresses actually connected to,
+    and a DNS answer that changes afterwards (rebinding) is never used."""
 
-    def __init__(self, *, allow_private: bool, resolver: Resolver = system_resolver,
-                 inner: httpcore.AsyncNetworkBackend | None = None) -> None:
+    def __init__(self, *, allow_private: bool, resolver: Resolver = system_resolver) -> None:
         self._allow_private = allow_private
         self._resolver = resolver
-        self._inner = inner or httpcore.AnyIOBackend()
 
-    # The signatures (timeout parameters included) are httpcore's AsyncNetworkBackend's.
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
-                          local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None,
-                          ) -> httpcore.AsyncNetworkStream:
-        try:
-            addresses = await asyncio.wait_for(resolve_pinned(
-                host, port, allow_private=self._allow_private, resolver=self._resolver),
-                timeout)
-        except (OSError, TimeoutError) as exc:  # DNS failure: worth a retry
-            raise httpcore.ConnectError(f"resolving {host!r} failed: {exc}") from exc
-        last: Exception | None = None
-        for addr in addresses:  # every one was checked; try them in the resolver's order
-            try:
-                return await self._inner.connect_tcp(str(addr), port, timeout, local_address,
-                                                     socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                last = exc
-        assert last is not None
-        raise last
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        # Raises BlockedAddress (a PermanentError, passed through by aiohttp) or OSError
+        # (aiohttp makes it ClientConnectorDNSError: transient).
+        addresses = await resolve_pinned(host, port, allow_private=self._allow_private,
+                                         resolver=self._resolver)
+        return [ResolveResult(hostname=host, host=str(addr), port=port,
+                              family=socket.AF_INET6 if addr.version == 6 else socket.AF_INET,
+                              proto=0, flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV)
+                for addr in addresses]  # in the resolver's order; aiohttp tries each
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109
-                                  socket_options: Iterable[Any] | None = None,
-                                  ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("unix sockets are not job targets")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class PinnedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport with the connection pool built on PinnedBackend."""
-
-    def __init__(self, backend: PinnedBackend, *, limits: httpx.Limits,
-                 verify: ssl.SSLContext | bool = True) -> None:
-        super().__init__(limits=limits, trust_env=False)
-        # httpx has no public hook for the network backend; its transport only calls _pool.
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry, network_backend=backend)
+    async def close(self) -> None:
+        pass
 
 
 class HttpRunner:
+    """One aiohttp session (connection pool, keep-alive) for every HTTP attempt."""
+
     def __init__(self, *, allow_private: bool, max_connections: int = 512,
-                 resolver: Resolver = system_resolver,
-                 network: httpcore.AsyncNetworkBackend | None = None,
+                 max_per_host: int = 256, resolver: Resolver = system_resolver,
                  verify: ssl.SSLContext | bool = True) -> None:
         self._allow_private = allow_private
-        limits = httpx.Limits(max_connections=max_connections,
-                              max_keepalive_connections=max_connections)
-        backend = PinnedBackend(allow_private=allow_private, resolver=resolver, inner=network)
-        # A transport of our own also means no proxy from the environment (HTTP_PROXY would
-        # otherwise resolve and connect on our behalf, unchecked) and no .netrc credentials.
-        self._client = httpx.AsyncClient(
-            follow_redirects=False, trust_env=False,
-            transport=PinnedTransport(backend, limits=limits, verify=verify))
+        self._max_connections = max_connections
+        self._max_per_host = max_per_host
+        self._resolver = PinnedResolver(allow_private=allow_private, resolver=resolver)
+        # Same trust store as the httpx runner had (certifi), not the OS's.
+        self._ssl: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=certifi.where()) if verify is True else verify)
+        self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Built on first use: aiohttp binds a session to the running event loop.
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=self._max_per_host,
+                use_dns_cache=False, resolver=self._resolver, ssl=self._ssl)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                # No proxy from the environment (HTTP_PROXY would resolve and connect on
+                # our behalf, unchecked) and no .netrc credentials.
+                trust_env=False,
+                # Jobs of different tenants share the session: no cookies carried between
+                # them (and no per-response cookie parsing).
+                cookie_jar=aiohttp.DummyCookieJar(),
+                # The body goes as given; aiohttp would otherwise add a Content-Type.
+                skip_auto_headers=("Content-Type",))
+        return self._session
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        # Whole attempt: connection wait, DNS, connect, TLS, request and the full body.
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            timeout = self._timeouts.setdefault(seconds, aiohttp.ClientTimeout(total=seconds))
+        return timeout
 
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
         try:
@@ -131,31 +130,47 @@ class HttpRunner:
             "X-Kron-Attempt": str(info.attempt),
             "X-Kron-Fencing-Token": str(info.fencing_token),
         }
+        body = target.get("body")
         try:
-            resp = await self._client.request(
-                target.get("method", "POST"), target["url"], headers=headers,
-                content=target.get("body"), timeout=float(target.get("timeout_s", 30.0)))
-        except PermanentError as exc:  # PinnedBackend refused every address the name has
+            async with self._client().request(
+                    target.get("method", "POST"), target["url"], headers=headers,
+                    data=body.encode() if isinstance(body, str) else body,
+                    timeout=self._timeout(float(target.get("timeout_s", 30.0))),
+                    allow_redirects=False) as resp:
+                excerpt = await _read_excerpt(resp)
+        except PermanentError as exc:  # PinnedResolver refused the addresses the name has
             return Outcome(ok=False, error_class=ErrorClass.PERMANENT, error=str(exc))
-        except httpx.TimeoutException as exc:
+        except TimeoutError as exc:  # before OSError: it is one
             return Outcome(ok=False, error_class=ErrorClass.TIMEOUT,
                            error=f"timed out after {target.get('timeout_s', 30.0)}s: "
                                  f"{type(exc).__name__}")
-        except httpx.HTTPError as exc:
+        except aiohttp.InvalidURL as exc:  # e.g. a legacy IPv4 form aiohttp won't dial
+            return Outcome(ok=False, error_class=ErrorClass.PERMANENT,
+                           error=f"{type(exc).__name__}: {exc}")
+        except (aiohttp.ClientError, OSError) as exc:  # refused, reset, TLS, bad response
             return Outcome(ok=False, error_class=ErrorClass.TRANSIENT,
                            error=f"{type(exc).__name__}: {exc}")
-        return _http_outcome(resp, info.now_ms)
+        return _http_outcome(resp.status, resp.headers.get("retry-after"), excerpt, info.now_ms)
 
 
-def _http_outcome(resp: httpx.Response, now_ms: int) -> Outcome:
-    excerpt = resp.content[:EXCERPT_BYTES].decode("utf-8", "replace")
-    error_class = classify_http_status(resp.status_code)
+async def _read_excerpt(resp: aiohttp.ClientResponse) -> str:
+    """The body's first EXCERPT_BYTES. The rest is read and dropped, not left unread: as
+    with httpx, a slow body counts against the timeout and the connection stays reusable,
+    and memory stays bounded whatever the size."""
+    head = b""
+    while chunk := await resp.content.readany():
+        if len(head) < EXCERPT_BYTES:
+            head += chunk[:EXCERPT_BYTES - len(head)]
+    return head.decode("utf-8", "replace")
+
+
+def _http_outcome(status: int, retry_after: str | None, excerpt: str, now_ms: int) -> Outcome:
+    error_class = classify_http_status(status)
     if error_class is None:
-        return Outcome(ok=True, status_code=resp.status_code, excerpt=excerpt)
+        return Outcome(ok=True, status_code=status, excerpt=excerpt)
     return Outcome(
-        ok=False, error_class=error_class, status_code=resp.status_code, excerpt=excerpt,
-        error=f"HTTP {resp.status_code}",
-        retry_after_s=parse_retry_after(resp.headers.get("retry-after"), now_ms=now_ms))
+        ok=False, error_class=error_class, status_code=status, excerpt=excerpt,
+        error=f"HTTP {status}", retry_after_s=parse_retry_after(retry_after, now_ms=now_ms))
 
 
 class CommandRunner:

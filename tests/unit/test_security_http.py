@@ -4,9 +4,10 @@ name, and redirects never followed.
 
 DNS is stubbed (a resolver function passed to HttpRunner): real DNS can't be made to answer
 with chosen or changing addresses here. The public addresses the stub hands out can't be
-reached from this machine either, so the tests' "network" (an httpcore backend) records the
-address it was asked to connect to and then connects to a local server instead. Everything
-between (httpx, httpcore's pool, TLS, the HTTP exchange) is the real code.
+reached from this machine either, so the tests' "network" (the event loop's sock_connect,
+the call that dials a socket) records the address it was asked to connect to and then
+connects to a local server instead. Everything between (aiohttp's connector and pool, TLS,
+the HTTP exchange) is the real code.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpcore
 import pytest
 
 from streams.domain.retry import ErrorClass
@@ -35,12 +37,14 @@ INFO = AttemptInfo(exec_id="e1", job_id="j1", scheduled_for_iso="2026-01-01T00:0
 
 
 class Server:
-    """Loopback HTTP(S) server: /redirect answers 302 to a loopback URL, anything else 200.
-    Records (path, Host header) and the TLS SNI name; closes every connection so each
-    attempt opens (and so resolves and connects) afresh."""
+    """Loopback HTTP(S) server: /redirect answers 302 to a loopback URL, /busy 503 with
+    Retry-After and a 2000-byte body, /gone 404, /slow 200 after 2s, anything else 200.
+    Records (path, Host header), the request headers and the TLS SNI name; closes every
+    connection so each attempt opens (and so resolves and connects) afresh."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.hits: list[tuple[str, str]] = []
+        self.headers: list[dict[str, str]] = []
         self.sni: list[str | None] = []
         server = self
 
@@ -52,14 +56,25 @@ class Server:
 
             def do_GET(self) -> None:
                 server.hits.append((self.path, self.headers.get("Host", "")))
+                server.headers.append(dict(self.headers.items()))
+                body = b""
                 if self.path == "/redirect":
                     self.send_response(302)
                     self.send_header("Location", f"http://127.0.0.1:{server.port}/private")
+                elif self.path == "/busy":
+                    self.send_response(503)
+                    self.send_header("Retry-After", "7")
+                    body = b"b" * 2000
+                elif self.path == "/gone":
+                    self.send_response(404)
                 else:
+                    if self.path == "/slow":
+                        time.sleep(2)
                     self.send_response(200)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Length", str(len(body)))
                 self.send_header("Connection", "close")
                 self.end_headers()
+                self.wfile.write(body)
 
             do_POST = do_GET
 
@@ -77,22 +92,18 @@ class Server:
         self.httpd.server_close()
 
 
-class RoutingNetwork(httpcore.AsyncNetworkBackend):
-    """Records where the runner connects, then connects to the local server instead."""
+class RoutingNetwork(asyncio.SelectorEventLoop):
+    """An event loop that records where the runner connects, then connects to the local
+    server instead (IPv4 only: the stub's public address is)."""
 
     def __init__(self, port: int) -> None:
+        super().__init__()
         self.port = port
         self.connects: list[tuple[str, int]] = []
-        self._real = httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
-                          local_address: str | None = None, socket_options: Any = None,
-                          ) -> httpcore.AsyncNetworkStream:
-        self.connects.append((host, port))
-        return await self._real.connect_tcp("127.0.0.1", self.port, timeout)
-
-    async def sleep(self, seconds: float) -> None:
-        await self._real.sleep(seconds)
+    async def sock_connect(self, sock: socket.socket, address: Any) -> None:
+        self.connects.append((address[0], address[1]))
+        await super().sock_connect(sock, ("127.0.0.1", self.port))
 
 
 class Dns:
@@ -115,23 +126,27 @@ def server() -> Iterator[Server]:
     s.close()
 
 
-def run(runner: HttpRunner, url: str, method: str = "GET") -> Outcome:
+def run(runner: HttpRunner, url: str, net: asyncio.AbstractEventLoop | None = None,
+        method: str = "GET") -> Outcome:
     async def go() -> Outcome:
         try:
             return await runner.run({"url": url, "method": method, "timeout_s": 10.0}, INFO)
         finally:
             await runner.close()
-    return asyncio.run(go())
+    with asyncio.Runner(loop_factory=net and (lambda: net)) as loop:
+        return loop.run(go())
 
 
-def run_twice(runner: HttpRunner, url: str) -> tuple[Outcome, Outcome]:
+def run_twice(runner: HttpRunner, url: str,
+              net: asyncio.AbstractEventLoop) -> tuple[Outcome, Outcome]:
     async def go() -> tuple[Outcome, Outcome]:
         try:
             target = {"url": url, "method": "GET", "timeout_s": 10.0}
             return await runner.run(target, INFO), await runner.run(target, INFO)
         finally:
             await runner.close()
-    return asyncio.run(go())
+    with asyncio.Runner(loop_factory=lambda: net) as loop:
+        return loop.run(go())
 
 
 def test_dns_rebinding_connects_only_to_the_checked_address(server: Server) -> None:
@@ -139,8 +154,8 @@ def test_dns_rebinding_connects_only_to_the_checked_address(server: Server) -> N
     # check-then-connect design, where the client's own lookup would get 127.0.0.1.
     dns = Dns([PUBLIC], ["127.0.0.1"])
     net = RoutingNetwork(server.port)
-    runner = HttpRunner(allow_private=False, resolver=dns, network=net)
-    first, second = run_twice(runner, "http://rebind.example:8080/hook")
+    runner = HttpRunner(allow_private=False, resolver=dns)
+    first, second = run_twice(runner, "http://rebind.example:8080/hook", net)
     assert first.ok, first
     assert dns.lookups == ["rebind.example", "rebind.example"]  # one lookup per connection
     assert net.connects == [(PUBLIC, 8080)]  # the checked address; never the name
@@ -152,17 +167,15 @@ def test_dns_rebinding_connects_only_to_the_checked_address(server: Server) -> N
 
 def test_any_private_address_in_the_answer_refuses_the_target(server: Server) -> None:
     net = RoutingNetwork(server.port)
-    out = run(HttpRunner(allow_private=False, resolver=Dns([PUBLIC, "::ffff:10.0.0.1"]),
-                         network=net), "http://mixed.example/")
+    out = run(HttpRunner(allow_private=False, resolver=Dns([PUBLIC, "::ffff:10.0.0.1"])),
+              "http://mixed.example/", net)
     assert out.error_class is ErrorClass.PERMANENT
     assert net.connects == [] and server.hits == []
 
 
 def test_redirect_to_a_private_address_is_recorded_not_followed(server: Server) -> None:
-    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]),
-                        network=RoutingNetwork(server.port))
-    assert runner._client.follow_redirects is False
-    out = run(runner, "http://public.example/redirect")
+    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]))
+    out = run(runner, "http://public.example/redirect", RoutingNetwork(server.port))
     assert out.status_code == 302 and not out.ok
     assert out.error_class is ErrorClass.PERMANENT  # 3xx fails at once, no retry
     assert [path for path, _ in server.hits] == ["/redirect"]  # /private never requested
@@ -213,9 +226,8 @@ def test_tls_uses_the_name_for_sni_and_certificate_check(
         tls_server: tuple[Server, ssl.SSLContext]) -> None:
     server, client_ctx = tls_server
     net = RoutingNetwork(server.port)
-    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]), network=net,
-                        verify=client_ctx)
-    out = run(runner, "https://pinned.example/hook")
+    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]), verify=client_ctx)
+    out = run(runner, "https://pinned.example/hook", net)
     assert out.ok, out
     assert net.connects == [(PUBLIC, 443)]
     assert server.sni == ["pinned.example"]
@@ -227,8 +239,45 @@ def test_tls_certificate_for_another_name_is_refused(
     # Same pinned IP, same certificate; only the URL's name differs. Were the check made
     # against the IP (or skipped), both hosts would be treated alike.
     server, client_ctx = tls_server
-    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]),
-                        network=RoutingNetwork(server.port), verify=client_ctx)
-    out = run(runner, "https://impostor.example/hook")
+    runner = HttpRunner(allow_private=False, resolver=Dns([PUBLIC]), verify=client_ctx)
+    out = run(runner, "https://impostor.example/hook", RoutingNetwork(server.port))
     assert not out.ok and "CERTIFICATE_VERIFY_FAILED" in out.error
     assert server.hits == []
+
+
+# --- Outcomes: what the executor is told about each kind of answer -----------------------
+
+def test_outcomes_headers_and_timeout(server: Server) -> None:
+    base = f"http://127.0.0.1:{server.port}"
+    ok = run(HttpRunner(allow_private=True), f"{base}/ok")
+    assert ok == Outcome(ok=True, status_code=200, excerpt="")
+    sent = server.headers[-1]
+    assert (sent["Idempotency-Key"], sent["X-Kron-Job-Id"], sent["X-Kron-Attempt"],
+            sent["X-Kron-Scheduled-For"], sent["X-Kron-Fencing-Token"]) == (
+        "e1", "j1", "1", "2026-01-01T00:00:00Z", "1")
+    busy = run(HttpRunner(allow_private=True), f"{base}/busy")
+    assert busy == Outcome(ok=False, error_class=ErrorClass.TRANSIENT, status_code=503,
+                           error="HTTP 503", retry_after_s=7.0, excerpt="b" * 512)
+    gone = run(HttpRunner(allow_private=True), f"{base}/gone")
+    assert gone.error_class is ErrorClass.PERMANENT and gone.status_code == 404
+
+    async def slow() -> Outcome:
+        runner = HttpRunner(allow_private=True)
+        try:
+            return await runner.run({"url": f"{base}/slow", "timeout_s": 0.3}, INFO)
+        finally:
+            await runner.close()
+    timed_out = asyncio.run(slow())
+    assert timed_out.error_class is ErrorClass.TIMEOUT
+    assert timed_out.error.startswith("timed out after 0.3s")
+
+
+def test_environment_proxy_is_not_used(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A proxy would resolve and connect on the runner's behalf, past every check above.
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")  # discard port: nothing listens
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    out = run(HttpRunner(allow_private=True), f"http://127.0.0.1:{server.port}/direct")
+    assert out.ok, out
+    assert [path for path, _ in server.hits] == ["/direct"]

@@ -60,10 +60,6 @@ def fill(path: Path) -> Path:
 DISK_WORDS = ("no space", "disk", "enospc")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine: a RocksDB write failing with ENOSPC is not handled as a disk error; the worker "
-    "neither exits with a clear 'No space'/'disk' log line nor keeps valid commands out of "
-    "kron.dead-letters (streams/app.py _agent dead-letters any handler exception)"))
 def test_disk_full_stops_the_worker_cleanly_and_it_recovers(
         kafka_cluster, tmp_path, fault_receiver, reliability) -> None:
     settings = fresh_settings(kafka_cluster, tmp_path / "d", session_timeout_s=6.0)

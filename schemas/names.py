@@ -19,6 +19,7 @@ EXECUTION_STARTED: Final = "kron.executions.ExecutionStarted"
 EXECUTION_HEARTBEAT: Final = "kron.executions.ExecutionHeartbeat"
 EXECUTION_SUCCEEDED: Final = "kron.executions.ExecutionSucceeded"
 EXECUTION_FAILED: Final = "kron.executions.ExecutionFailed"
+ATTEMPTS_FINISHED: Final = "kron.executions.AttemptsFinished"
 EXECUTION_RETRY_SCHEDULED: Final = "kron.executions.ExecutionRetryScheduled"
 EXECUTION_SKIPPED: Final = "kron.executions.ExecutionSkipped"
 EXECUTION_MISSED: Final = "kron.executions.ExecutionMissed"
@@ -46,6 +47,7 @@ EXECUTION_EVENTS: Final = (
     EXECUTION_HEARTBEAT,
     EXECUTION_SUCCEEDED,
     EXECUTION_FAILED,
+    ATTEMPTS_FINISHED,
     EXECUTION_RETRY_SCHEDULED,
     EXECUTION_SKIPPED,
     EXECUTION_MISSED,

@@ -25,6 +25,7 @@ from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore
 from streams.engine.faust_store import TableStore
 from streams.executor import Executor
 from streams.lease import OwnershipLease
+from streams.reports import ResultBatcher, result_item
 from streams.tables import FencedTable
 from streams.targets import CommandRunner, HttpRunner, KafkaRunner
 from streams.ticker import Ticker
@@ -33,7 +34,8 @@ log = logging.getLogger("kron.engine")
 
 TICK = "kron.engine.Tick"
 REPORTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.ExecutionFailed",
-                     "kron.executions.ExecutionHeartbeat"})
+                     "kron.executions.ExecutionHeartbeat", "kron.executions.AttemptsFinished"})
+RESULTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.ExecutionFailed"})
 # Avro bytes pass through Faust untouched; the codec owns (de)serialisation.
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
                        "value_serializer": "raw"}
@@ -85,6 +87,8 @@ class Engine:
         self.ticker = Ticker(engine=self)
         # Built now, started with the app: a dispatch may arrive before the start-up task.
         self.barrier = DurabilityBarrier(self._flush)
+        self.results = ResultBatcher(send=self._send_signal, clock=self.clock,
+                                     worker_id=settings.worker_id)
         self.executor = Executor(
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
                      "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
@@ -95,6 +99,7 @@ class Engine:
                                       **RAW),
                        name="kron-engine", concurrency=1)(self._agent)
         self.app.task(self._on_start)
+        self.app.on_before_shutdown.connect(self._on_shutdown)
         self.app.timer(STATS_EVERY_S)(self._log_stats)
 
     def _build_app(self) -> faust.App:
@@ -128,9 +133,19 @@ class Engine:
 
     async def _on_start(self) -> None:
         self.barrier.start()
+        self.results.start()
         self.executor.start()
         self.ticker.start()
         log.info("engine started", extra={"worker": self.settings.worker_id})
+
+    async def _on_shutdown(self, app: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
+        """Report what finished before a graceful stop and close target connections."""
+        await self.executor.stop()
+        await self.results.stop()
+        for runner in self.executor.runners.values():
+            close = getattr(runner, "close", None)
+            if close is not None:
+                await close()
 
     async def _log_stats(self) -> None:
         """The figures an operator looks at first, as one structured line."""
@@ -140,7 +155,8 @@ class Engine:
             "reports": st.reports, "dispatched": st.dispatched,
             "completed": self.executor.completed, "backlog": self.executor.backlog,
             "dead_letters": st.dead_letters, "ticks_sent": self.ticker.sent,
-            "flushes": self.barrier.flushes,
+            "flushes": self.barrier.flushes, "result_batches": self.results.batches,
+            "fenced": self.executor.fenced,
             "uptime_s": round(time.monotonic() - st.started, 1)})
 
     async def _flush(self) -> None:
@@ -158,9 +174,15 @@ class Engine:
         await fut
 
     async def _report(self, partition: int, name: str, record: dict[str, Any]) -> None:
+        if name in RESULTS:
+            self.results.add(partition, result_item(name, record))
+            return
         value = codec.encode_trusted(name, record)
         await self.signals.send(key=record.get("job_id", "").encode(), value=value,
                                 partition=partition)
+
+    async def _send_signal(self, partition: int, value: bytes) -> None:
+        await self.signals.send(key=b"results", value=value, partition=partition)
 
     def coordinator(self) -> Any:
         try:

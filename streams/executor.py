@@ -71,7 +71,7 @@ class Executor:
         self._before_dispatch = before_dispatch
         # Asked right before each call: does this process still own the partition?
         self._may_dispatch = may_dispatch
-        self._runners = runners
+        self.runners = runners
         self._report = report
         self._clock = clock
         self._worker = worker_id
@@ -157,7 +157,7 @@ class Executor:
         info = AttemptInfo(exec_id=d.exec_id, job_id=d.job_id,
                            scheduled_for_iso=_iso(d.scheduled_for_ms), attempt=d.attempt,
                            fencing_token=d.fencing_token, now_ms=started_ms)
-        task = asyncio.ensure_future(self._runners[kind].run(d.target, info))
+        task = asyncio.ensure_future(self.runners[kind].run(d.target, info))
         self._inflight[d.exec_id] = task
         beat = asyncio.ensure_future(self._heartbeat(job))
         try:

@@ -27,14 +27,14 @@ class ErrorClass(StrEnum):
 def classify_http_status(status: int) -> ErrorClass | None:
     """None for success (2xx), otherwise whether repeating the request can help.
 
-    408, 429 and 5xx are the server's way of saying "not now". Everything else is
+    408, 425 (too early), 429 and 5xx are the server's way of saying "not now". Everything else is
     permanent: other 4xx mean the request is wrong, 3xx because redirects are not followed
     (the answer would be the same redirect), and 1xx or nonstandard codes are never a valid
     final answer, so repeating the same request gets the same one.
     """
     if 200 <= status <= 299:
         return None
-    if status in (408, 429) or 500 <= status <= 599:
+    if status in (408, 425, 429) or 500 <= status <= 599:
         return ErrorClass.TRANSIENT
     return ErrorClass.PERMANENT
 

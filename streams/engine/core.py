@@ -359,10 +359,13 @@ class PartitionCore:
     def _flush_leases(self, ctx: Context) -> list[Effect]:
         """One timer for all the attempts an event leased until the same time, instead of a
         put and a delete per attempt: finished attempts are skipped when it fires."""
-        for n, (due, entries) in enumerate(sorted(ctx.leases.items())):
-            key = timer_key(due_ms=due, kind=TimerKind.LEASE, job_id="",
-                            ref=f"{ctx.causation_id}:{n}")
-            self.store.put_timer(key, orjson.dumps({"l": entries}))
+        for due, entries in ctx.leases.items():
+            value = orjson.dumps({"l": entries})
+            # Named by content: a redelivered event that leases other attempts must not
+            # overwrite the timer its first delivery wrote.
+            digest = hashlib.blake2b(value, digest_size=8).hexdigest()
+            key = timer_key(due_ms=due, kind=TimerKind.LEASE, job_id="", ref=digest)
+            self.store.put_timer(key, value)
         ctx.leases.clear()
         return ctx.effects
 
@@ -570,19 +573,25 @@ class PartitionCore:
     # --- attempt reports ---------------------------------------------------------------------
 
     def on_report(self, name: str, rep: Record, ctx: Context) -> list[Effect]:
-        self._on_report(name, rep, ctx)
+        """Apply an attempt's report, or a batch of them (AttemptsFinished)."""
+        kind = name.rsplit(".", 1)[-1]
+        if kind == "AttemptsFinished":
+            for item in rep["results"]:
+                self._on_report("ExecutionSucceeded" if item["ok"] else "ExecutionFailed",
+                                item, ctx)
+        else:
+            self._on_report(kind, rep, ctx)
         return self._flush_leases(ctx)
 
-    def _on_report(self, name: str, rep: Record, ctx: Context) -> list[Effect]:
+    def _on_report(self, kind: str, rep: Record, ctx: Context) -> None:
         ex = self.store.execution(rep["exec_id"])
         if ex is None or ex["state"] != "running" or ex["fencing_token"] != rep["fencing_token"]:
             # A zombie's or a cancelled attempt's word: fenced, never applied.
             self.stale_rejected += 1
-            return ctx.effects
+            return
         job = self.store.job(ex["job_id"])
         if job is None:
-            return ctx.effects
-        kind = name.rsplit(".", 1)[-1]
+            return
         if kind == "ExecutionHeartbeat":
             # Only ever extend: a duplicated or reordered heartbeat must not pull the lease
             # back in and expire a live attempt. The lease timer stays where it is; when it
@@ -599,7 +608,6 @@ class PartitionCore:
                                error=rep["error"], status_code=rep.get("status_code"),
                                retry_after_s=rep.get("retry_after_s"),
                                started_at_ms=rep.get("started_at_ms"), report=rep)
-        return ctx.effects
 
     def _fail_attempt(self, job: Record, ex: Record, ctx: Context, *, error_class: ErrorClass,
                       error: str, status_code: int | None, retry_after_s: float | None,

@@ -295,6 +295,32 @@ def _v1_samples() -> dict[str, list[Record]]:
                 finished_at_ms=T0,
             ),
         ],
+        "kron.executions.AttemptsFinished": [
+            {
+                "envelope": make_envelope(
+                    event_id="attempts-1", event_type="execution.attempts_finished",
+                    occurred_at_ms=T0, tenant="", producer="worker-1",
+                ),
+                "results": [
+                    {"exec_id": "e1", "job_id": "j1", "scheduled_for_ms": T0, "attempt": 1,
+                     "fencing_token": 1, "ok": True, "started_at_ms": T0,
+                     "finished_at_ms": T0 + 12, "status_code": 200, "error_class": None,
+                     "error": None, "retry_after_s": None, "response_excerpt": "ok"},
+                    {"exec_id": "e2", "job_id": "j2", "scheduled_for_ms": LONG_MAX,
+                     "attempt": INT_MAX, "fencing_token": LONG_MAX, "ok": False,
+                     "started_at_ms": None, "finished_at_ms": T0, "status_code": 429,
+                     "error_class": "transient", "error": "slow down",
+                     "retry_after_s": 2.5, "response_excerpt": None},
+                ],
+            },
+            {
+                "envelope": make_envelope(
+                    event_id="attempts-2", event_type="execution.attempts_finished",
+                    occurred_at_ms=T0, tenant="",
+                ),
+                "results": [],
+            },
+        ],
         "kron.executions.ExecutionFailed": [
             _exec(
                 "execution.failed",

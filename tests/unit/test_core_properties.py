@@ -81,6 +81,7 @@ from streams.engine.core import (
 )
 from streams.engine.spec import JobPlan, plan_of
 from streams.engine.store import MemoryStore, Record
+from streams.reports import result_item
 from tests.support.stack import spec
 
 # 01:40 EST on the day New York springs forward (02:00 EST -> 03:00 EDT at 07:00Z).
@@ -401,8 +402,9 @@ class PartitionSim(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.outstanding))
     @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES), retry_after=st.sampled_from(
-        [None, None, 3.0]))
-    def report(self, data: st.DataObject, outcome: str, retry_after: float | None) -> None:
+        [None, None, 3.0]), batched=st.booleans())
+    def report(self, data: st.DataObject, outcome: str, retry_after: float | None,
+               batched: bool) -> None:
         key = data.draw(st.sampled_from(sorted(self.outstanding)))
         o = self.outstanding[key]
         if outcome == "silence":  # the attempt died with its worker: only the lease tells
@@ -410,10 +412,11 @@ class PartitionSim(RuleBasedStateMachine):
             return
         if outcome != "heartbeat":
             del self.outstanding[key]
-        self._report(o, outcome, o.dispatch.fencing_token, retry_after)
+        self._report(o, outcome, o.dispatch.fencing_token, retry_after, batched=batched)
 
     def _report(self, o: Outstanding, outcome: str, token: int,
-                retry_after: float | None = None) -> list[Effect] | PermanentError:
+                retry_after: float | None = None, *,
+                batched: bool = False) -> list[Effect] | PermanentError:
         d = o.dispatch
         base = {"envelope": {"event_id": self._id("rep"), "event_type": "execution.report",
                              "schema_version": 1, "occurred_at_ms": self.now,
@@ -428,17 +431,27 @@ class PartitionSim(RuleBasedStateMachine):
         times = {"started_at_ms": o.started_ms, "finished_at_ms": self.now}
         if outcome == "success":
             rec = {**base, **times, "status_code": 200, "response_excerpt": "ok"}
-            return self._feed("report", "kron.executions.ExecutionSucceeded", rec)
+            return self._result("kron.executions.ExecutionSucceeded", rec, batched)
         error_class, status = {"503": ("transient", 503), "400": ("permanent", 400),
                                "timeout": ("timeout", None)}[outcome]
         rec = {**base, **times, "status_code": status, "error_class": error_class,
                "error": f"attempt failed: {outcome}", "final": False,
                "retry_after_s": retry_after if outcome == "503" else None}
-        out = self._feed("report", "kron.executions.ExecutionFailed", rec)
+        out = self._result("kron.executions.ExecutionFailed", rec, batched)
         ex = self.store.executions.get(d.exec_id)
         if outcome == "400" and ex is not None and ex["attempts"][-1]["outcome"] == "permanent":
             self.permanent.add((d.exec_id, d.attempt))
         return out
+
+    def _result(self, name: str, rec: Record, batched: bool) -> list[Effect] | PermanentError:
+        """A result alone, or as the executor sends it: inside an AttemptsFinished batch."""
+        if not batched:
+            return self._feed("report", name, rec)
+        batch = {"envelope": {**rec["envelope"], "event_id": self._id("batch")},
+                 "results": [result_item(name, rec)]}
+        # Through the codec, as on the wire: the batch must fit its schema.
+        batch = codec.decode(codec.encode("kron.executions.AttemptsFinished", batch)).record
+        return self._feed("report", "kron.executions.AttemptsFinished", batch)
 
     @precondition(lambda self: bool(self.outstanding))
     @rule()

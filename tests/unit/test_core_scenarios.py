@@ -544,3 +544,28 @@ def test_trigger_while_paused_runs_and_delete_cancels() -> None:
     assert (job["status"], job["next_run_at_ms"], job["running"]) == ("deleted", None, [])
     assert p.timers("j") == []
     assert p.report(manual, "success") == []
+
+
+def test_a_batch_of_results_applies_each_and_fences_the_stale_one() -> None:
+    from streams.reports import result_item
+
+    p = Partition(T0 + 30 * SEC)
+    p.create("a", cron="0 * * * *")
+    p.create("b", cron="0 * * * *")
+    d1, d2 = sorted(dispatches(p.tick(T0 + 60 * MIN)), key=lambda d: d.job_id)
+    common = {"started_at_ms": p.now, "finished_at_ms": p.now, "status_code": 200,
+              "response_excerpt": None}
+
+    def item(d: Dispatch, token: int) -> Record:
+        return result_item("kron.executions.ExecutionSucceeded", {
+            "exec_id": d.exec_id, "job_id": d.job_id, "scheduled_for_ms": d.scheduled_for_ms,
+            "attempt": d.attempt, "fencing_token": token, **common})
+
+    batch = {"envelope": {"event_id": "batch-1", "event_type": "execution.attempts_finished",
+                          "schema_version": 1, "occurred_at_ms": p.now, "tenant": "",
+                          "causation_id": None, "correlation_id": None, "producer": "w"},
+             "results": [item(d1, d1.fencing_token), item(d2, d2.fencing_token + 7)]}
+    p.core.on_report("kron.executions.AttemptsFinished", batch, p._ctx())
+    assert p.ex("a", d1.scheduled_for_ms)["state"] == "succeeded"
+    assert p.ex("b", d2.scheduled_for_ms)["state"] == "running"  # a stale token: fenced
+    assert p.core.stale_rejected == 1

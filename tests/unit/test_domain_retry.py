@@ -23,7 +23,7 @@ NOW = int(datetime(2026, 6, 1, 12, tzinfo=UTC).timestamp() * 1000)
 def expected_class(status: int) -> ErrorClass | None:
     if 200 <= status < 300:
         return None
-    if status in (408, 429) or 500 <= status < 600:
+    if status in (408, 425, 429) or 500 <= status < 600:
         return ErrorClass.TRANSIENT
     return ErrorClass.PERMANENT
 

@@ -325,9 +325,15 @@ class PartitionCore:
         """Fire every timer due at or before the tick's time. Returns (effects, more_due)."""
         due = self.store.due_timers(due_prefix_upper_bound(ctx.now_ms), limit + 1)
         for key, value in due[:limit]:
-            self.store.delete_timer(key)
             self._on_timer(key, value, ctx)
-        return self._flush_leases(ctx), len(due) > limit
+        self._flush_leases(ctx)
+        # Fired timers go last: the writes of one event reach Kafka without a transaction,
+        # and within the timers partition this order means a durable delete implies durable
+        # leases. If the worker dies before the deletes are durable, the redelivered tick
+        # fires the same timers again, and finds (and repairs) what it started.
+        for key, _ in due[:limit]:
+            self.store.delete_timer(key)
+        return ctx.effects, len(due) > limit
 
     def _on_timer(self, key: bytes, value: bytes, ctx: Context) -> None:
         tk = decode_timer_key(key)
@@ -369,9 +375,21 @@ class PartitionCore:
         ctx.leases.clear()
         return ctx.effects
 
+    def _rearm(self, ex: Record, ctx: Context) -> None:
+        """Make sure a live attempt is watched by its timer. A crash between an event's
+        writes can make the execution durable without its lease or retry timer; the event
+        redelivered after the crash (or the attempt's lease timer) ends up here."""
+        if ex["state"] == "running":
+            self._lease(ex, ctx)
+        elif ex["state"] == "retry_pending":
+            self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
+
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
         for ex_id, attempt in entries:
             ex = self.store.execution(ex_id)
+            if ex is not None and ex["attempt"] == attempt and ex["state"] == "retry_pending":
+                self._rearm(ex, ctx)  # its retry timer may not have survived a crash
+                continue
             if ex is None or ex["attempt"] != attempt or ex["state"] != "running":
                 continue  # finished, retried or cancelled since: nothing to judge
             if ex["lease_until_ms"] > ctx.now_ms:
@@ -469,6 +487,11 @@ class PartitionCore:
     def _on_slot(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context, *,
                  trigger: str) -> None:
         """Apply the overlap policy to a slot that is due now."""
+        # An execution whose finish was durable but whose job write was lost (a crash
+        # between the two) must not hold the overlap policy forever.
+        job["running"] = [e for e in job["running"]
+                          if (x := self.store.execution(e)) is not None
+                          and x["state"] not in TERMINAL]
         running = job["running"]
         if running and plan.overlap == Overlap.SKIP_IF_RUNNING:
             self._record_outcome(job, slot, ctx, state="skipped", reason="overlap: running")
@@ -518,8 +541,10 @@ class PartitionCore:
     def _start_execution(self, job: Record, plan: JobPlan, ctx: Context, *, ex_id: str,
                          slot: Slot, trigger: str) -> None:
         """The check-and-set that makes a slot fire once: local, because we own the partition."""
-        if self.store.execution(ex_id) is not None:
+        existing = self.store.execution(ex_id)
+        if existing is not None:
             self._suppress(job, ex_id, slot, ctx, f"{trigger} trigger for a slot already started")
+            self._rearm(existing, ctx)
             return
         ex = self._new_execution(job, ex_id, slot, ctx, trigger=trigger)
         job["running"].append(ex_id)

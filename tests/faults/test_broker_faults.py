@@ -131,6 +131,7 @@ def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> Non
                 late = [min(h.received_ms for h in hs) - slot_of(hs[0])
                         for j in acked if (hs := rcv.hits_for(j))]
                 logs = fleet.logs()
+                trail = _trace(settings, pending) if pending else ""
             finally:
                 api.stop()
         commands.close()
@@ -144,7 +145,7 @@ def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> Non
         notes=f"API answers {dict(sorted(codes.items()))}, client errors {len(load.errors)}; "
               f"{len(acked)} acknowledged creates, {len(acked) - len(pending)} ran")
     assert acked, codes
-    assert not pending, f"{len(pending)} acknowledged creates never ran\n{logs}"
+    assert not pending, f"{len(pending)} acknowledged creates never ran\n{trail}\n{logs}"
     assert not dup
     assert set(codes) <= {200, 201, 503}, codes
     assert not no_retry_after, "503 without Retry-After"
@@ -182,6 +183,26 @@ def test_three_nodes_partition_leader_killed(tmp_path, reliability) -> None:
                "for 10 s under API load"
 
     run_scenario(tmp_path, 3, faults, reliability, "broker leader kill (3 nodes)")
+
+
+def _trace(settings, job_ids: set[str]) -> str:
+    """Where each lost job got to: the command, the job's state, its executions, a dead
+    letter. Tells a lost command from lost engine writes."""
+    from replay.reader import read_topic
+
+    found: dict[str, list[str]] = {j: [] for j in job_ids}
+    for name in ("commands", "jobs", "executions", "dead-letters"):
+        try:
+            for e in read_topic(settings.bootstrap_servers, settings.topic(name), timeout_s=10):
+                rec = e.record or {}
+                j = rec.get("job_id") or (e.key or b"").decode(errors="replace")
+                if j in found:
+                    what = (rec.get("envelope") or {}).get("event_type") or e.name
+                    found[j].append(f"{name}[{e.partition}]@{e.offset} {what} "
+                                    f"{rec.get('status') or rec.get('state') or ''}")
+        except Exception as exc:  # a diagnostic must not hide the assertion
+            found.setdefault("_errors", []).append(f"{name}: {exc}")
+    return "\n".join(f"{j}: {v}" for j, v in found.items())
 
 
 def _wait_dead(cluster: localkafka.Cluster, node: localkafka.Node) -> None:

@@ -20,7 +20,9 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +214,85 @@ def _count(batch: Batch, tenant: str, state: str, delta: int) -> None:
     batch.put(key, (batch.get(key) or 0) + delta)
 
 
+@dataclass(slots=True)
+class PendingJob:
+    """A create the API published; `view` is the job as the projection will show it."""
+
+    tenant: str
+    job_id: str
+    view: dict[str, Any]
+    spec: dict[str, Any]  # the Avro JobSpec, for previews and patches before projection
+    acked: bool = False   # False while Kafka has not acknowledged it: not shown yet
+    born: float = field(default_factory=time.monotonic)
+
+
+class Unprojected:
+    """Creates Kafka acknowledged (or is acknowledging) that the views do not show yet.
+
+    POST /v1/jobs answers once Kafka has the command, so the API's own reads (get, list,
+    idempotent retries, the quota) consult this until the projector applies the job: then
+    the projector drops the entry under `lock`, in the same step as its view write, so a
+    reader holding `lock` never counts a job twice or not at all. Bounded: when `limit`
+    creates wait for the worker, `reserve` refuses (the API answers 503); an entry the
+    projection never shows (a command the worker refused) expires after `ttl_s`.
+    """
+
+    def __init__(self, limit: int = 20_000, ttl_s: float = 600.0) -> None:
+        self.lock = threading.Lock()
+        self.limit = limit
+        self.ttl_s = ttl_s
+        self._by_id: OrderedDict[str, PendingJob] = OrderedDict()  # oldest first
+        self._by_tenant: dict[str, dict[str, PendingJob]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def reserve(self, job: PendingJob) -> bool:
+        """Hold a place for a create about to be published; False when full."""
+        with self.lock:
+            self._expire(time.monotonic())
+            if len(self._by_id) >= self.limit or job.job_id in self._by_id:
+                return False
+            self._by_id[job.job_id] = job
+            self._by_tenant.setdefault(job.tenant, {})[job.job_id] = job
+            return True
+
+    def drop(self, job_id: str) -> None:
+        """The job is projected, or its publish failed."""
+        with self.lock:
+            self._drop(job_id)
+
+    def _drop(self, job_id: str) -> None:
+        job = self._by_id.pop(job_id, None)
+        if job is not None:
+            tenant = self._by_tenant[job.tenant]
+            tenant.pop(job_id, None)
+            if not tenant:
+                del self._by_tenant[job.tenant]
+
+    def _expire(self, now: float) -> None:
+        while self._by_id:
+            oldest = next(iter(self._by_id.values()))
+            if not oldest.acked or now - oldest.born < self.ttl_s:
+                return
+            self._drop(oldest.job_id)
+
+    def get(self, tenant: str, job_id: str) -> PendingJob | None:
+        """The tenant's entry, acknowledged or still being published."""
+        return self._by_tenant.get(tenant, {}).get(job_id)
+
+    def count(self, tenant: str) -> int:
+        """Entries of `tenant` (call with `lock` held, beside the projected count)."""
+        return len(self._by_tenant.get(tenant, ()))
+
+    def acked_of(self, tenant: str, after: str | None = None) -> list[PendingJob]:
+        """The tenant's acknowledged entries with job_id > `after`, by job_id."""
+        with self.lock:
+            jobs = [j for j in self._by_tenant.get(tenant, {}).values()
+                    if j.acked and (after is None or j.job_id > after)]
+        return sorted(jobs, key=lambda j: j.job_id)
+
+
 class Projector:
     """A thread that keeps the views current and tells waiters how far it got."""
 
@@ -227,6 +308,8 @@ class Projector:
         self.caught_up = False
         self.start_offsets: dict[tuple[str, int], int] = {}
         self._fence = EpochFence()
+        self.unprojected = Unprojected()
+        self._jobs_topic = settings.topic("jobs")
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kron-projector", daemon=True)
@@ -270,7 +353,9 @@ class Projector:
             consumer.close()
 
     def _poll(self, consumer: Consumer) -> None:
-        msgs = consumer.consume(500, 0.2)
+        # consume() waits out its whole timeout unless the batch fills: keep it short, it is
+        # the floor under every read-your-writes wait (PATCH, pause, delete...).
+        msgs = consumer.consume(500, 0.05)
         if not msgs:
             self.caught_up = True
             return
@@ -288,14 +373,22 @@ class Projector:
 
     def apply(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         batch = Batch(self.views)
+        job_id = None
         if value is not None:
             try:
                 decoded = codec.decode(value)
                 self.topics[topic](batch, decoded.record, value)
+                if topic == self._jobs_topic:
+                    job_id = decoded.record["job_id"]
             except (DecodeError, KeyError, TypeError) as exc:
                 log.warning("projection skipped %s[%s]@%s: %s", topic, partition, offset, exc)
         batch.put(_k("o", topic, str(partition)), offset + 1)
-        batch.commit()
+        if job_id is None:
+            batch.commit()
+        else:
+            with self.unprojected.lock:  # the view and the pending entry change together
+                batch.commit()
+                self.unprojected._drop(job_id)
         self.applied += 1
 
     def wait_for(self, predicate: Any, timeout_s: float) -> bool:

@@ -1,11 +1,17 @@
-"""The /v1 endpoints. Writes become Avro commands on kron.commands (acks=all); reads come
-from the projection, after waiting (bounded) until it reflects the caller's own command."""
+"""The /v1 endpoints. Writes become Avro commands on kron.commands (acks=all).
+
+A create answers once Kafka acknowledged it (the durable point): the API validated it as the
+worker will, and keeps it in `Unprojected` so its own reads see it until the projection does.
+Other writes wait (bounded) until the projection reflects the caller's command."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
+import heapq
+import os
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +24,7 @@ from api import models
 from api.auth import Authenticator, RateLimiter
 from api.problems import Problem
 from api.projection import ACTIVE_JOB as ACTIVE
-from api.projection import Projector, Views
+from api.projection import PendingJob, Projector, Unprojected, Views, jsonable
 from api.publisher import BrokerUnavailable, CommandPublisher
 from kron.clock import Clock
 from kron.settings import Settings
@@ -27,6 +33,13 @@ MAX_DEPTH = 32
 READ_YOUR_WRITES_S = 5.0
 STATES = ("queued", "running", "retry_pending", "succeeded", "failed", "skipped", "missed",
           "cancelled")
+
+
+class Json(JSONResponse):
+    """orjson: several times faster than json.dumps for the job bodies."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -54,8 +67,9 @@ class Service:
     auth: Authenticator
     limiter: RateLimiter
 
-    def __post_init__(self) -> None:
-        self.inflight_keys: set[tuple[str, str]] = set()
+    @property
+    def pending(self) -> Unprojected:
+        return self.projector.unprojected
 
     # --- request plumbing --------------------------------------------------------------------
 
@@ -84,15 +98,33 @@ class Service:
             self.limiter.take(tenant)
         return tenant
 
-    def own_job(self, tenant: str, job_id: str) -> dict[str, Any]:
+    def job(self, tenant: str, job_id: str) -> dict[str, Any] | None:
+        """The projected job, else the tenant's acknowledged create not projected yet."""
         job = self.views.job(job_id)
+        if job is None:
+            pending = self.pending.get(tenant, job_id)
+            job = pending.view if pending is not None and pending.acked else None
+        return job
+
+    def spec_of(self, tenant: str, job_id: str) -> dict[str, Any]:
+        """The job's Avro JobSpec as stored (projected state or pending create)."""
+        state = self.views.job_state(job_id)
+        if state is not None:
+            return state["spec"]  # type: ignore[no-any-return]
+        pending = self.pending.get(tenant, job_id)
+        assert pending is not None, "own_job found the job"
+        return pending.spec
+
+    def own_job(self, tenant: str, job_id: str) -> dict[str, Any]:
+        job = self.job(tenant, job_id)
         # Another tenant's job answers 404: its existence is not ours to reveal.
         if job is None or job["tenant"] != tenant or job["status"] == "deleted":
             raise Problem(404, "job-not-found", f"no job {job_id!r}", field="job_id")
         return job
 
-    async def send(self, tenant: str, kind: str, job_id: str, **fields: Any) -> str:
-        command_id = uuid.uuid4().hex
+    async def send(self, tenant: str, kind: str, job_id: str, *, command_id: str | None = None,
+                   **fields: Any) -> str:
+        command_id = command_id or new_id()
         record = {
             "envelope": {"event_id": command_id,
                          "event_type": f"job.{kind.removesuffix('Job').lower()}_requested",
@@ -157,9 +189,20 @@ class Service:
         return out
 
 
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))  # no shared sequence
+
+
+def new_id() -> str:
+    """128 random bits as hex, like uuid4().hex, without a getrandom() call per id: that call
+    releases the GIL, and winning it back from the projector thread took up to a switch
+    interval (5 ms) on every create. Ids need uniqueness here, not secrecy."""
+    return f"{_ids.getrandbits(128):032x}"
+
+
 def job_id_for(tenant: str, idempotency_key: str | None) -> str:
     if idempotency_key is None:
-        return "j_" + uuid.uuid4().hex
+        return "j_" + new_id()
     digest = hashlib.blake2b(f"{tenant}\x00{idempotency_key}".encode(), digest_size=12)
     return "j_" + digest.hexdigest()
 
@@ -174,31 +217,38 @@ def build_router(svc: Service) -> APIRouter:
         now = svc.clock.now_ms()
         key = req.idempotency_key
         job_id = job_id_for(tenant, key)
-        existing = svc.views.job(job_id)
+        existing = svc.job(tenant, job_id)
         # A replayed create may come after its run_at passed: judge it without "now" checks.
         spec = _spec_or_problem(req, now, svc.settings, check_times=existing is None)
         if existing is not None and existing["status"] != "deleted":
-            if existing["fingerprint"] != models.spec_fingerprint(spec):
+            if _fingerprint(svc, tenant, existing) != models.spec_fingerprint(spec):
                 raise Problem(422, "idempotency-key-reused",
                               "this idempotency key was used with a different body",
                               field="idempotency_key")
-            return JSONResponse(_created(svc, existing, now), status_code=200)
-        _check_quota(svc, tenant)
-        if key is not None:
-            if (tenant, key) in svc.inflight_keys:
-                raise Problem(409, "idempotency-key-in-flight",
-                              "a request with this idempotency key is in progress",
-                              field="idempotency_key")
-            svc.inflight_keys.add((tenant, key))
+            stored = svc.spec_of(tenant, job_id)
+            return Json(_created(svc, existing, now, _upcoming(existing, stored, now)),
+                        status_code=200)
+        if svc.pending.get(tenant, job_id) is not None:  # reserved, Kafka has not acked yet
+            raise Problem(409, "idempotency-key-in-flight",
+                          "a request with this idempotency key is in progress",
+                          field="idempotency_key")
+        upcoming = models.upcoming(spec, now_ms=now)  # once: it re-runs plan_of
+        pending = _reserve(svc, tenant, job_id, key, spec, now, upcoming)
         try:
-            cmd = await svc.send(tenant, "CreateJob", job_id, idempotency_key=key, spec=spec)
-            job = await svc.applied(job_id, cmd)
-        finally:
-            svc.inflight_keys.discard((tenant, key or ""))
-        body = _created(svc, job, now) if job else {
-            "job_id": job_id, "status": "accepted",
-            "upcoming": [models.iso(t) for t in models.upcoming(spec, now_ms=now)]}
-        return JSONResponse(body, status_code=201, headers={"Location": f"/v1/jobs/{job_id}"})
+            await svc.send(tenant, "CreateJob", job_id, idempotency_key=key, spec=spec,
+                           command_id=pending.view["applied_command_ids"][0])
+        except BaseException:
+            svc.pending.drop(job_id)
+            raise
+        if existing is not None:
+            # The key's job was deleted; the projection already has it (as deleted), so
+            # there is nothing the views lack to fill in.
+            svc.pending.drop(job_id)
+            return Json(_created(svc, existing, now, []), status_code=201,
+                        headers={"Location": f"/v1/jobs/{job_id}"})
+        pending.acked = True
+        return Json(_created(svc, pending.view, now, upcoming), status_code=201,
+                    headers={"Location": f"/v1/jobs/{job_id}"})
 
     @router.get("/jobs")
     async def list_jobs(request: Request, status: str | None = None, name: str | None = None,
@@ -206,11 +256,9 @@ def build_router(svc: Service) -> APIRouter:
         tenant = svc.tenant(request)
         if not 1 <= limit <= 500:
             raise Problem(422, "invalid-input", "limit must be in 1..500", field="limit")
-        prefix = f"t/{tenant}/".encode()
-        start = prefix + cursor.encode() + b"\x00" if cursor else None
         items: list[dict[str, Any]] = []
         next_cursor = None
-        for key, entry in svc.views.prefix(prefix, start=start):
+        for job_id, entry, view in _tenant_jobs(svc, tenant, cursor):
             if entry["status"] == "deleted" or (status and entry["status"] != status):
                 continue
             if name and name not in entry["name"]:
@@ -218,15 +266,15 @@ def build_router(svc: Service) -> APIRouter:
             if len(items) == limit:
                 next_cursor = items[-1]["job_id"]
                 break
-            job = svc.views.job(key[len(prefix):].decode())
+            job = view or svc.views.job(job_id)
             if job is not None:
                 items.append(svc.job_out(job, now_ms=svc.clock.now_ms()))
-        return JSONResponse({"jobs": items, "next_cursor": next_cursor})
+        return Json({"jobs": items, "next_cursor": next_cursor})
 
     @router.get("/jobs/{job_id}")
     async def get_job(request: Request, job_id: str) -> JSONResponse:
         tenant = svc.tenant(request)
-        return JSONResponse(svc.job_out(svc.own_job(tenant, job_id), now_ms=svc.clock.now_ms()))
+        return Json(svc.job_out(svc.own_job(tenant, job_id), now_ms=svc.clock.now_ms()))
 
     @router.patch("/jobs/{job_id}", openapi_extra=_body_doc(models.JobPatch))
     async def update_job(request: Request, job_id: str) -> JSONResponse:
@@ -234,14 +282,12 @@ def build_router(svc: Service) -> APIRouter:
         job = svc.own_job(tenant, job_id)
         patch = _invalid_as_422(models.parse_patch, await svc.body(request))
         now = svc.clock.now_ms()
-        state = svc.views.job_state(job_id)
-        assert state is not None
-        spec = _invalid_as_422(models.merge_patch, state["spec"], patch, now_ms=now,
+        spec = _invalid_as_422(models.merge_patch, svc.spec_of(tenant, job_id), patch, now_ms=now,
                                allow_private=svc.settings.allow_private_targets,
                                topic_prefix=svc.settings.topic_prefix)
         cmd = await svc.send(tenant, "UpdateJob", job_id, spec=spec, expected_version=None)
         updated = await svc.applied(job_id, cmd)
-        return JSONResponse(svc.job_out(updated or job, now_ms=now))
+        return Json(svc.job_out(updated or job, now_ms=now))
 
     @router.delete("/jobs/{job_id}")
     async def delete_job(request: Request, job_id: str) -> JSONResponse:
@@ -249,7 +295,7 @@ def build_router(svc: Service) -> APIRouter:
         job = svc.own_job(tenant, job_id)
         cmd = await svc.send(tenant, "DeleteJob", job_id)
         deleted = await svc.applied(job_id, cmd)
-        return JSONResponse(svc.job_out(deleted or job, now_ms=svc.clock.now_ms()))
+        return Json(svc.job_out(deleted or job, now_ms=svc.clock.now_ms()))
 
     @router.post("/jobs/{job_id}:{action}", openapi_extra=_body_doc(BackfillRequest))
     async def job_action(request: Request, job_id: str, action: str) -> JSONResponse:
@@ -271,7 +317,7 @@ def build_router(svc: Service) -> APIRouter:
         cmd = await svc.send(tenant, kinds[action], job_id, **fields)
         after = await svc.applied(job_id, cmd)
         out = svc.job_out(after or job, now_ms=svc.clock.now_ms())
-        return JSONResponse(out, status_code=202 if action in ("trigger", "backfill") else 200)
+        return Json(out, status_code=202 if action in ("trigger", "backfill") else 200)
 
     async def runs(request: Request, job_id: str, status: str | None = None,
                    limit: int = 50, cursor: str | None = None) -> JSONResponse:
@@ -297,7 +343,7 @@ def build_router(svc: Service) -> APIRouter:
                 next_cursor = key[len(prefix):].decode()
         else:
             next_cursor = None
-        return JSONResponse({"runs": items, "next_cursor": next_cursor})
+        return Json({"runs": items, "next_cursor": next_cursor})
 
     router.add_api_route("/jobs/{job_id}/runs", runs, methods=["GET"])
     router.add_api_route("/jobs/{job_id}/executions", runs, methods=["GET"])
@@ -308,13 +354,13 @@ def build_router(svc: Service) -> APIRouter:
         ex = svc.views.execution(run_id)
         if ex is None or ex["tenant"] != tenant:
             raise Problem(404, "run-not-found", f"no run {run_id!r}", field="run_id")
-        return JSONResponse(svc.run_out(ex, full=True))
+        return Json(svc.run_out(ex, full=True))
 
     @router.get("/stats")
     async def stats(request: Request) -> JSONResponse:
         tenant = svc.tenant(request)
         counts = {s: svc.views.get(f"c/{tenant}/{s}".encode()) or 0 for s in STATES}
-        return JSONResponse({"runs_by_state": counts})
+        return Json({"runs_by_state": counts})
 
     return router
 
@@ -334,21 +380,79 @@ def _spec_or_problem(req: Any, now: int, settings: Settings, *,
         topic_prefix=settings.topic_prefix, check_times=check_times)
 
 
-def _created(svc: Service, job: dict[str, Any], now: int) -> dict[str, Any]:
+def _created(svc: Service, job: dict[str, Any], now: int, upcoming: list[int]
+             ) -> dict[str, Any]:
     out = svc.job_out(job, now_ms=now)
-    state = svc.views.job_state(job["job_id"])
-    spec = state["spec"] if state else None
-    out["upcoming"] = ([models.iso(t) for t in models.upcoming(spec, now_ms=now)]
-                       if spec is not None and job["status"] in ACTIVE else [])
+    out["upcoming"] = [models.iso(t) for t in upcoming] if job["status"] in ACTIVE else []
     return out
 
 
-def _check_quota(svc: Service, tenant: str) -> None:
-    active = svc.views.get(f"a/{tenant}".encode()) or 0
+def _upcoming(job: dict[str, Any], spec: dict[str, Any], now: int) -> list[int]:
+    return models.upcoming(spec, now_ms=now) if job["status"] in ACTIVE else []
+
+
+def _fingerprint(svc: Service, tenant: str, job: dict[str, Any]) -> str:
+    # A pending create computes it only when a retry asks (most creates have no key).
+    return job.get("fingerprint") or models.spec_fingerprint(svc.spec_of(tenant, job["job_id"]))
+
+
+def _reserve(svc: Service, tenant: str, job_id: str, key: str | None, spec: dict[str, Any],
+             now: int, upcoming: list[int]) -> PendingJob:
+    """Check the quota and hold the create's place in `Unprojected` in one step (no await
+    between them), so concurrent creates can't all pass the same count."""
+    with svc.pending.lock:
+        # Projected active jobs plus creates not projected yet (in flight ones included).
+        active = (svc.views.get(f"a/{tenant}".encode()) or 0) + svc.pending.count(tenant)
     if active >= svc.settings.tenant_max_active_jobs:
         raise Problem(429, "quota-exceeded",
                       f"this tenant has {active} active jobs, the limit", headers={
                           "Retry-After": "60"})
+    pending = PendingJob(tenant=tenant, job_id=job_id, spec=spec,
+                         view=_pending_view(tenant, job_id, key, spec, now, upcoming))
+    if not svc.pending.reserve(pending):
+        raise Problem(503, "projection-lagging",
+                      f"{len(svc.pending)} accepted jobs wait for the worker; try again soon",
+                      headers={"Retry-After": "5"})
+    return pending
+
+
+def _pending_view(tenant: str, job_id: str, key: str | None, spec: dict[str, Any],
+                  now: int, upcoming: list[int]) -> dict[str, Any]:
+    """The job as the projection will show it once the worker created it: the worker runs
+    the same plan_of and next-slot search, so status and next run are known now; its
+    created_at/updated_at (the worker's clock) replace this one's when projected. No
+    fingerprint: `_fingerprint` computes it if a retry with the key comes."""
+    return {
+        "job_id": job_id, "tenant": tenant, "version": 1,
+        "status": "active" if upcoming else "completed",
+        "spec": jsonable(models.request_of(spec)), "fingerprint": None,
+        "created_at_ms": now, "updated_at_ms": now,
+        "next_run_at_ms": upcoming[0] if upcoming else None, "cursor_ms": None,
+        "idempotency_key": key, "applied_command_ids": [new_id()], "last_run": None,
+    }
+
+
+def _tenant_jobs(svc: Service, tenant: str, cursor: str | None,
+                 ) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    """(job_id, index entry, full view or None to read) by job_id after `cursor`: the
+    projected index merged with the tenant's acknowledged creates not projected yet."""
+    # Pending first: a job projected between the two reads is then in both (deduplicated
+    # below) rather than in neither.
+    pending = [(p.job_id, 1, p) for p in svc.pending.acked_of(tenant, cursor)]
+    prefix = f"t/{tenant}/".encode()
+    start = prefix + cursor.encode() + b"\x00" if cursor else None
+    projected = ((key[len(prefix):].decode(), 0, entry)
+                 for key, entry in svc.views.prefix(prefix, start=start))
+    last = None
+    for job_id, source, item in heapq.merge(projected, pending, key=lambda t: t[:2]):
+        if job_id == last:
+            continue
+        last = job_id
+        if source == 0:
+            yield job_id, item, None
+        else:
+            view = item.view
+            yield job_id, {"status": view["status"], "name": view["spec"]["name"]}, view
 
 
 class BackfillRequest(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -285,7 +286,7 @@ def test_active_job_quota_answers_429(kafka_cluster, tmp_path) -> None:
     from tests.conftest import fresh_settings
 
     settings = fresh_settings(kafka_cluster, tmp_path / "d", tenant_max_active_jobs=2)
-    worker = WorkerProcess(settings, "wq", tmp_path).start()  # quota counts applied jobs
+    worker = WorkerProcess(settings, "wq", tmp_path).start()
     api = ApiProcess(settings, tmp_path, free_ports(1)[0]).start()
     try:
         with httpx.Client(base_url=api.url, headers={"X-API-Key": "key-acme"},
@@ -303,3 +304,86 @@ def test_active_job_quota_answers_429(kafka_cluster, tmp_path) -> None:
     finally:
         api.stop()
         worker.stop()
+
+
+def test_create_is_answered_at_the_kafka_ack_and_read_back_before_the_worker(
+        kafka_cluster, tmp_path) -> None:
+    """201 means Kafka has the CreateJob (acks=all); no worker needs to have applied it. The
+    API's own reads (get, list, idempotent retries, quota, patch validation) see the job from
+    its accepted-not-projected cache until the projection shows it."""
+    from tests.conftest import fresh_settings
+
+    settings = fresh_settings(kafka_cluster, tmp_path / "d", tenant_max_active_jobs=3)
+    api = ApiProcess(settings, tmp_path, free_ports(1)[0]).start()  # no worker yet
+    worker = None
+    try:
+        with httpx.Client(base_url=api.url, headers={"X-API-Key": "key-acme"},
+                          timeout=20) as c:
+            key = uuid.uuid4().hex
+            body = {"name": "early", "idempotency_key": key,
+                    "schedule": {"cron": "0 3 * * *", "timezone": "Europe/Paris"},
+                    "target": {"type": "http", "url": "http://x.test/"}}
+            t0 = time.monotonic()
+            r = c.post("/v1/jobs", json=body)
+            assert r.status_code == 201, r.text
+            assert time.monotonic() - t0 < 2.0  # it used to wait 5 s for the worker
+            created = r.json()
+            job_id = created["job_id"]
+            assert created["status"] == "active" and created["version"] == 1
+            assert created["next_run_at"] == created["upcoming"][0]
+            assert len(created["upcoming"]) == 5
+            assert r.headers["location"] == f"/v1/jobs/{job_id}"
+            got = c.get(f"/v1/jobs/{job_id}")
+            assert got.status_code == 200 and got.json()["name"] == "early"
+            assert [j["job_id"] for j in c.get("/v1/jobs").json()["jobs"]] == [job_id]
+            again = c.post("/v1/jobs", json=body)
+            assert again.status_code == 200 and again.json()["job_id"] == job_id
+            reused = c.post("/v1/jobs", json={**body, "name": "other"})
+            assert reused.status_code == 422 and reused.json()["field"] == "idempotency_key"
+            bad = c.patch(f"/v1/jobs/{job_id}", json={"schedule": {"cron": "61 * * * *"}})
+            assert bad.status_code == 422 and bad.json()["field"] == "schedule.cron"
+            other = c.get(f"/v1/jobs/{job_id}", headers={"X-API-Key": "key-globex"})
+            assert other.status_code == 404
+            assert c.get("/v1/jobs", headers={"X-API-Key": "key-globex"}).json()["jobs"] == []
+            # The quota counts creates the worker has not applied yet.
+            one = {"run_at": at(3600), "target": {"type": "http", "url": "http://x.test/"}}
+            codes = [c.post("/v1/jobs", json={**one, "name": f"q{i}"}).status_code
+                     for i in range(3)]
+            assert codes == [201, 201, 429]
+            assert httpx.get(f"{api.url}/readyz").json()["unprojected_creates"] == 3
+
+            worker = WorkerProcess(settings, "late", tmp_path).start()
+            assert wait_until(lambda: httpx.get(f"{api.url}/readyz").json()[
+                "unprojected_creates"] == 0, 90), worker.log()[-3000:]
+            listed = c.get("/v1/jobs").json()["jobs"]
+            assert len(listed) == 3 and job_id in [j["job_id"] for j in listed]
+            assert c.get(f"/v1/jobs/{job_id}").json()["next_run_at"] == created["next_run_at"]
+            assert c.post("/v1/jobs", json=body).status_code == 200
+            r = c.post("/v1/jobs", json={**one, "name": "q3"})
+            assert r.status_code == 429 and r.json()["type"].endswith("/quota-exceeded")
+    finally:
+        api.stop()
+        if worker is not None:
+            worker.stop()
+
+
+def test_a_burst_of_concurrent_creates_cannot_overrun_the_quota(kafka_cluster,
+                                                               tmp_path) -> None:
+    from tests.conftest import fresh_settings
+
+    settings = fresh_settings(kafka_cluster, tmp_path / "d", tenant_max_active_jobs=5,
+                              tenant_burst=1000)
+    api = ApiProcess(settings, tmp_path, free_ports(1)[0]).start()
+    try:
+        def post(i: int) -> int:
+            with httpx.Client(base_url=api.url, headers={"X-API-Key": "key-acme"},
+                              timeout=20) as c:
+                return c.post("/v1/jobs", json={
+                    "name": f"b{i}", "run_at": at(3600),
+                    "target": {"type": "http", "url": "http://x.test/"}}).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:
+            codes = sorted(pool.map(post, range(20)))
+        assert codes == [201] * 5 + [429] * 15, codes
+    finally:
+        api.stop()

@@ -1,0 +1,146 @@
+"""POST /v1/jobs answers at the Kafka ack, not after the worker: the accepted-not-projected
+cache that gives the API its read-your-writes (unit tests, no broker), and a small load
+against the real stack. The full measurement is `kron bench api` (README, Performance)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api import models
+from api.projection import PendingJob, Projector, Unprojected, Views
+from kron.settings import Settings
+from schemas import codec
+from tests.support.stack import wait_until
+
+
+def pending(job_id: str, tenant: str = "acme") -> PendingJob:
+    return PendingJob(tenant=tenant, job_id=job_id, view={"job_id": job_id}, spec={})
+
+
+def test_unprojected_is_per_tenant_bounded_and_sorted() -> None:
+    cache = Unprojected(limit=3)
+    for job_id in ("j_b", "j_a"):
+        assert cache.reserve(pending(job_id))
+    assert cache.reserve(pending("j_c", tenant="globex"))
+    assert not cache.reserve(pending("j_d"))  # full: the API answers 503
+    assert cache.get("globex", "j_a") is None and cache.get("acme", "j_a") is not None
+    assert cache.count("acme") == 2 and cache.count("globex") == 1
+    assert cache.acked_of("acme") == []  # not acknowledged yet: not listed
+    for job in (cache.get("acme", "j_a"), cache.get("acme", "j_b")):
+        assert job is not None
+        job.acked = True
+    assert [j.job_id for j in cache.acked_of("acme")] == ["j_a", "j_b"]
+    assert [j.job_id for j in cache.acked_of("acme", after="j_a")] == ["j_b"]
+    cache.drop("j_a")
+    assert cache.count("acme") == 1 and len(cache) == 2
+
+
+def test_unprojected_expires_only_acknowledged_entries() -> None:
+    cache = Unprojected(limit=2, ttl_s=0.0)
+    assert cache.reserve(pending("j_a"))  # in flight: never expires under its publisher
+    assert cache.reserve(pending("j_b"))
+    assert not cache.reserve(pending("j_c"))
+    job = cache.get("acme", "j_a")
+    assert job is not None
+    job.acked = True  # a create the projection never shows (the worker refused it)
+    assert cache.reserve(pending("j_c"))
+    assert cache.get("acme", "j_a") is None and cache.get("acme", "j_b") is not None
+
+
+def _job_state(job_id: str, tenant: str) -> bytes:
+    now = int(time.time() * 1000)
+    req = models.parse_request({"name": "x", "run_at": (datetime.now(UTC) + timedelta(
+        hours=1)).isoformat(), "target": {"type": "http", "url": "http://x.test/"}})
+    spec = models.build_spec(req, now_ms=now, allow_private=False)
+    return codec.encode("kron.state.JobState", {
+        "envelope": {"event_id": "e", "event_type": "job.created", "schema_version": 1,
+                     "occurred_at_ms": now, "tenant": tenant, "causation_id": None,
+                     "correlation_id": None, "producer": "w1"},
+        "job_id": job_id, "version": 1, "status": "active", "spec": spec,
+        "created_at_ms": now, "updated_at_ms": now, "next_run_at_ms": now + 3_600_000,
+        "cursor_ms": None, "applied_command_ids": ["c"], "idempotency_key": None,
+        "owner_epoch": 1, "running": [], "queued_slot_ms": None})
+
+
+def test_projecting_a_job_drops_its_entry_together_with_the_view_write(tmp_path: Path) -> None:
+    """A reader holding the lock sees the job either projected or pending, never both or
+    neither: the quota (active count + pending) can't count it twice or miss it."""
+    settings = Settings(data_dir=tmp_path, topic_prefix="p")
+    views = Views(tmp_path / "v")
+    projector = Projector(settings, views)
+    cache = projector.unprojected
+    assert cache.reserve(pending("j_1"))
+
+    def total() -> int:
+        with cache.lock:
+            return int(views.get(b"a/acme") or 0) + cache.count("acme")
+
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(total())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        projector.apply(settings.topic("jobs"), 0, 0, _job_state("j_1", "acme"))
+    finally:
+        stop.set()
+        watcher.join()
+    assert views.job("j_1") is not None and cache.get("acme", "j_1") is None
+    assert set(seen) == {1} and total() == 1
+    views.close()
+
+
+def test_invalid_unicode_is_still_refused_with_its_field() -> None:
+    """The orjson fast path in build_spec falls back to the walk that names the field."""
+    req = models.parse_request({"name": "x", "run_at": (datetime.now(UTC) + timedelta(
+        hours=1)).isoformat(), "target": {"type": "http", "url": "http://x.test/"},
+        "metadata": {"owner": "\ud800"}})
+    with pytest.raises(models.InvalidField) as err:
+        models.build_spec(req, now_ms=int(time.time() * 1000), allow_private=False)
+    assert err.value.field == "metadata.owner"
+
+
+@pytest.mark.integration
+def test_creates_under_concurrent_load_answer_fast(api_stack) -> None:
+    """A smoke version of `kron bench api`: 16 clients, one connection each. Generous bounds
+    (other tests share the machine); the old read-your-writes wait gave p50 ≈ 200 ms."""
+    url = api_stack.api.url
+    body = {"run_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
+            "target": {"type": "http", "url": f"{api_stack.receiver.url}/ok"}}
+
+    async def client(n: int, lat: list[float], codes: list[int]) -> None:
+        async with httpx.AsyncClient(base_url=url, headers={"X-API-Key": "key-acme"},
+                                     timeout=20) as c:
+            for i in range(25):
+                t0 = time.perf_counter()
+                r = await c.post("/v1/jobs", json={**body, "name": f"perf-{n}-{i}"})
+                lat.append(time.perf_counter() - t0)
+                codes.append(r.status_code)
+
+    async def run() -> tuple[list[float], list[int]]:
+        lat: list[float] = []
+        codes: list[int] = []
+        await asyncio.gather(*(client(n, lat, codes) for n in range(16)))
+        return lat, codes
+
+    lat, codes = asyncio.run(run())
+    assert codes == [201] * 400
+    assert statistics.median(lat) < 0.1, sorted(lat)[::40]
+    # Every one of them reaches the worker and the projection.
+    assert wait_until(lambda: httpx.get(f"{url}/readyz").json()["unprojected_creates"] == 0,
+                      60)
+    with httpx.Client(base_url=url, headers={"X-API-Key": "key-acme"}, timeout=20) as c:
+        assert len(c.get("/v1/jobs", params={"name": "perf-", "limit": 500}).json()[
+            "jobs"]) == 400

@@ -15,13 +15,15 @@ exactly where the views stopped. Rebuilding from offset 0 yields the same views.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,6 +312,7 @@ class Projector:
         self._fence = EpochFence()
         self.unprojected = Unprojected()
         self._jobs_topic = settings.topic("jobs")
+        self._wakers: set[Callable[[], None]] = set()  # wait_async's, called after a batch
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kron-projector", daemon=True)
@@ -370,6 +373,8 @@ class Projector:
             self.apply(topic, partition, int(msg.offset() or 0), value)
         with self._cond:
             self._cond.notify_all()
+        for wake in list(self._wakers):
+            wake()
 
     def apply(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         batch = Batch(self.views)
@@ -401,6 +406,30 @@ class Projector:
                     return False
                 self._cond.wait(min(left, 0.1))
         return True
+
+    async def wait_async(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """`wait_for` on the event loop: no thread per waiter (the default pool has a few,
+        which capped concurrent writes), woken by the projector after each batch."""
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(event.set)
+
+        self._wakers.add(wake)
+        deadline = loop.time() + timeout_s
+        try:
+            while True:
+                event.clear()  # before the check: a batch applied after it sets it again
+                if predicate():
+                    return True
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), left)
+        finally:
+            self._wakers.discard(wake)
 
 
 def rebuild(settings: Settings, target: Path, *, progress: Any = None,

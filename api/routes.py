@@ -6,7 +6,6 @@ Other writes wait (bounded) until the projection reflects the caller's command."
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import heapq
 import os
@@ -147,7 +146,7 @@ class Service:
             job = self.views.job(job_id)
             return job is not None and command_id in job["applied_command_ids"]
 
-        await asyncio.to_thread(self.projector.wait_for, seen, READ_YOUR_WRITES_S)
+        await self.projector.wait_async(seen, READ_YOUR_WRITES_S)
         return self.views.job(job_id)
 
     # --- views -------------------------------------------------------------------------------

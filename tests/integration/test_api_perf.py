@@ -144,3 +144,62 @@ def test_creates_under_concurrent_load_answer_fast(api_stack) -> None:
     with httpx.Client(base_url=url, headers={"X-API-Key": "key-acme"}, timeout=20) as c:
         assert len(c.get("/v1/jobs", params={"name": "perf-", "limit": 500}).json()[
             "jobs"]) == 400
+
+
+class _Msg:
+    def __init__(self, topic: str, offset: int, value: bytes) -> None:
+        self._topic, self._offset, self._value = topic, offset, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, int(time.time() * 1000))
+
+
+class _Consumer:
+    def __init__(self, msgs: list[_Msg]) -> None:
+        self.msgs = msgs
+
+    def consume(self, n: int, timeout: float) -> list[_Msg]:
+        out, self.msgs = self.msgs, []
+        return out
+
+
+def test_wait_async_wakes_when_a_batch_lands(tmp_path: Path) -> None:
+    """Non-create writes wait on the event loop (no thread each) for the projector."""
+    settings = Settings(data_dir=tmp_path, topic_prefix="p")
+    views = Views(tmp_path / "v")
+    projector = Projector(settings, views)
+    consumer = _Consumer([_Msg(settings.topic("jobs"), 0, _job_state("j_w", "acme"))])
+
+    async def run() -> tuple[bool, bool, float]:
+        waits = [projector.wait_async(lambda: views.job("j_w") is not None, 5)
+                 for _ in range(20)]
+        missing = projector.wait_async(lambda: views.job("j_never") is not None, 0.2)
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        loop.call_later(0.1, lambda: threading.Thread(
+            target=projector._poll, args=(consumer,)).start())
+        got = await asyncio.gather(*waits, missing)
+        return all(got[:-1]), got[-1], time.monotonic() - t0
+
+    woke, timed_out, took = asyncio.run(run())
+    assert woke and not timed_out and took < 2
+    assert not projector._wakers
+    views.close()

@@ -25,6 +25,7 @@ class Entry:
     name: str | None  # None for a tombstone or undecodable bytes
     record: dict[str, Any] | None
     timestamp_ms: int
+    epoch: int | None = None  # the writer's owner epoch, from the kron-epoch header
 
 
 def _consumer(source: str | Settings) -> Consumer:
@@ -37,8 +38,10 @@ def _consumer(source: str | Settings) -> Consumer:
     return Consumer({**conf, "bootstrap.servers": source})
 
 
-def read_topic(source: str | Settings, topic: str, *,
-               timeout_s: float = 30.0) -> Iterator[Entry]:
+def read_topic(source: str | Settings, topic: str, *, timeout_s: float = 30.0,
+               fenced: bool = True) -> Iterator[Entry]:
+    """Every record from the first offset to the current end. `fenced`: leave out writes a
+    replaced owner made after losing its partition (see streams.domain.fencing)."""
     consumer = _consumer(source)
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)
@@ -60,15 +63,16 @@ def read_topic(source: str | Settings, topic: str, *,
             if msg.error():
                 continue
             partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
-            if fence.admit(partition, epoch_of_headers(msg.headers()), msg.timestamp()[1]):
-                yield _entry(msg)
+            epoch = epoch_of_headers(msg.headers())
+            if not fenced or fence.admit(partition, epoch, msg.timestamp()[1]):
+                yield _entry(msg, epoch)
             if offset + 1 >= ends.get(partition, 0):
                 ends.pop(partition, None)
     finally:
         consumer.close()
 
 
-def _entry(msg: Any) -> Entry:
+def _entry(msg: Any, epoch: int | None) -> Entry:
     name, record = None, None
     if msg.value() is not None:
         try:
@@ -77,7 +81,8 @@ def _entry(msg: Any) -> Entry:
         except DecodeError:
             pass
     return Entry(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
-                 key=msg.key(), name=name, record=record, timestamp_ms=msg.timestamp()[1])
+                 key=msg.key(), name=name, record=record, timestamp_ms=msg.timestamp()[1],
+                 epoch=epoch)
 
 
 def topic_offsets(source: str | Settings, topic: str, *,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from kron.logs import JsonFormatter
 from kron.settings import Settings
 from kron.topics import create_topics
+from streams import localstate
 
 
 def run_worker(settings: Settings) -> None:
@@ -25,6 +27,7 @@ def run_worker(settings: Settings) -> None:
     create_topics(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
+    localstate.prepare(settings.data_dir, Path(engine.app.conf.tabledir))
     worker = faust.Worker(engine.app, loglevel=settings.log_level.lower(),
                           logfile=None, quiet=True, redirect_stdouts=False,
                           override_logging=False)  # keep the JSON log handler

@@ -193,16 +193,37 @@ def _trace(settings, job_ids: set[str]) -> str:
     found: dict[str, list[str]] = {j: [] for j in job_ids}
     for name in ("commands", "jobs", "executions", "dead-letters"):
         try:
-            for e in read_topic(settings.bootstrap_servers, settings.topic(name), timeout_s=10):
+            for e in read_topic(settings.bootstrap_servers, settings.topic(name), timeout_s=10,
+                                fenced=False):
                 rec = e.record or {}
                 j = rec.get("job_id") or (e.key or b"").decode(errors="replace")
                 if j in found:
                     what = (rec.get("envelope") or {}).get("event_type") or e.name
                     found[j].append(f"{name}[{e.partition}]@{e.offset} {what} "
-                                    f"{rec.get('status') or rec.get('state') or ''}")
+                                    f"{rec.get('status') or rec.get('state') or ''} "
+                                    f"epoch={e.epoch} ts={e.timestamp_ms}")
         except Exception as exc:  # a diagnostic must not hide the assertion
             found.setdefault("_errors", []).append(f"{name}: {exc}")
-    return "\n".join(f"{j}: {v}" for j, v in found.items())
+    return "\n".join([*(f"{j}: {v}" for j, v in found.items()), _offsets(settings)])
+
+
+def _offsets(settings) -> str:
+    """The engine group's committed offsets against the ends of kron.commands."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = settings.topic("commands")
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": settings.app_id,
+                  "enable.auto.commit": False, "log_level": 2})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        committed = {tp.partition: tp.offset for tp in c.committed(tps, timeout=10)}
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                for p in range(settings.partitions)}
+        return f"committed {committed}; watermarks {ends}"
+    except Exception as exc:  # a diagnostic must not hide the assertion
+        return f"offsets unavailable: {exc}"
+    finally:
+        c.close()
 
 
 def _wait_dead(cluster: localkafka.Cluster, node: localkafka.Node) -> None:

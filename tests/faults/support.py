@@ -614,3 +614,95 @@ def dead_port() -> Iterator[int]:
     port = s.getsockname()[1]
     s.close()
     yield port
+
+
+# --- a proxy that loses answers ---------------------------------------------------------------
+
+
+@dataclass
+class Withheld:
+    status: int
+    body: bytes
+    at_ms: int
+
+
+class AnswerEatingProxy:
+    """A loopback TCP proxy in front of `upstream_port` that forwards every request and never
+    forwards an answer: it reads the upstream's response (kept in `withheld`), then holds the
+    client's connection open, silent, until the client gives up and closes it. So the server
+    did the work and answered, and the client only sees its own timeout: the response was
+    lost after the fact, which is what an idempotent retry must survive.
+
+    One request per connection (a client that timed out does not reuse the connection)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.withheld: list[Withheld] = []
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+                with self._lock:
+                    self._socks += [client, upstream]
+                threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+                threading.Thread(target=self._swallow, args=(upstream,), daemon=True).start()
+
+    @staticmethod
+    def _pump(client: socket.socket, upstream: socket.socket) -> None:
+        """Client -> upstream until the client closes; then the upstream side goes too."""
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                upstream.sendall(data)
+        for s in (client, upstream):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def _swallow(self, upstream: socket.socket) -> None:
+        """Read one whole response (head + Content-Length body) and keep it, unsent."""
+        buf = b""
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in buf or len(buf) < self._length(buf):
+                data = upstream.recv(65536)
+                if not data:
+                    break
+                buf += data
+        if b"\r\n\r\n" in buf:
+            head, body = buf.split(b"\r\n\r\n", 1)
+            with self._lock:
+                self.withheld.append(Withheld(status=int(head.split(b" ", 2)[1]), body=body,
+                                              at_ms=now_ms()))
+
+    @staticmethod
+    def _length(buf: bytes) -> int:
+        head = buf.split(b"\r\n\r\n", 1)[0]
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                return len(head) + 4 + int(value)
+        return len(buf)  # no length: whatever has come is the response
+
+    def close(self) -> None:
+        with self._lock:
+            socks, self._socks = [self._listener, *self._socks], []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def __enter__(self) -> AnswerEatingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,8 +1,11 @@
-"""A create whose outcome the client never learns: its request times out after Kafka accepted
-the command (no worker is up, so the API's read-your-writes wait outlasts the client's
-timeout), or the client drops the connection right after sending. Retries with the same
-idempotency key (the API takes it in the body, `idempotency_key`) yield the same job, never
-two; the job runs once."""
+"""A create whose outcome the client never learns: the API accepted the command (Kafka acked
+it, the API answered) but the answer never reached the client, which timed out; or the client
+dropped the connection right after sending. Retries with the same idempotency key (the API
+takes it in the body, `idempotency_key`) yield the same job, never two; the job runs once.
+
+The lost answer is real: an AnswerEatingProxy between client and API forwards the request and
+keeps the API's response to itself until the client's timeout fires. The API answers at the
+Kafka ack, so a slow API cannot stand in for that any more."""
 
 from __future__ import annotations
 
@@ -10,17 +13,27 @@ import json
 import socket
 import time
 import uuid
+from typing import Any
 
 import httpx
 import pytest
 
 from kron.localkafka import free_ports
+from kron.settings import Settings
 from replay.reader import read_topic
 from tests.conftest import fresh_settings
-from tests.faults.support import Fleet, now_ms, wait_for_group, wait_until
+from tests.faults.support import (
+    AnswerEatingProxy,
+    Fleet,
+    Withheld,
+    now_ms,
+    wait_for_group,
+    wait_until,
+)
 from tests.support.stack import ApiProcess
 
 pytestmark = pytest.mark.integration
+HEADERS = {"X-API-Key": "key-acme"}
 
 
 def test_retried_indeterminate_creates_make_one_job(kafka_cluster, tmp_path, fault_receiver,
@@ -30,7 +43,6 @@ def test_retried_indeterminate_creates_make_one_job(kafka_cluster, tmp_path, fau
     rcv = fault_receiver
     tag = uuid.uuid4().hex[:6]
     api = ApiProcess(settings, tmp_path, free_ports(1)[0])
-    headers = {"X-API-Key": "key-acme"}
     run_at = now_ms() + 15_000
 
     def body(key: str) -> dict:
@@ -40,69 +52,95 @@ def test_retried_indeterminate_creates_make_one_job(kafka_cluster, tmp_path, fau
                 "target": {"type": "http", "url": f"{rcv.url}/ok"}}
 
     k_timeout, k_drop = f"timeout-{tag}", f"drop-{tag}"
-    outcomes: list[str] = []
-    with Fleet(settings, tmp_path, rcv) as fleet:
+    with Fleet(settings, tmp_path, rcv) as fleet, AnswerEatingProxy(api.port) as proxy:
         api.start()
         try:
-            # 1. No worker: the command is accepted by Kafka, the projection never shows it,
-            #    so the API waits 5 s; the client gives up after 1 s.
-            with httpx.Client(base_url=api.url, headers=headers, timeout=1.0) as c:
-                for _ in range(3):
-                    try:
-                        r = c.post("/v1/jobs", json=body(k_timeout))
-                        outcomes.append(str(r.status_code))
-                    except httpx.TimeoutException:
-                        outcomes.append("timeout")
-                    time.sleep(0.5)
-            assert "timeout" in outcomes, outcomes
-            accepted = wait_until(lambda: _commands_for(settings, k_timeout), 15)
-            assert accepted, "the timed-out create never reached kron.commands"
+            # 1. No worker yet. Through the proxy, twice: the API accepts (201, then 200 for
+            #    the retry), the proxy keeps both answers, the client times out both times.
+            outcomes, lost, accepted = _lose_answers(proxy, settings, body(k_timeout))
+            lost_ids = {json.loads(w.body)["job_id"] for w in lost}
             # 2. The client drops the connection right after sending the request.
-            raw = json.dumps(body(k_drop)).encode()
-            with socket.create_connection(("127.0.0.1", api.port)) as s:
-                s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nX-API-Key: key-acme\r\n"
-                          b"Content-Type: application/json\r\n"
-                          + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
-                time.sleep(0.05)
+            _send_and_drop(api.port, body(k_drop))
+            # 3. Retries straight to the API, before any worker projected anything (the
+            #    accepting API's own read-your-writes) and after the workers are up.
+            early = _retry(api.url, body(k_timeout))
             fleet.start("w1")
             fleet.start("w2")
             assert wait_for_group(settings, 2, 90), fleet.logs()
-            # 3. Retry both until the API answers; the same job each time.
-            answers: dict[str, list[tuple[int, str]]] = {k_timeout: [], k_drop: []}
-            with httpx.Client(base_url=api.url, headers=headers, timeout=20) as c:
-                for key in answers:
-                    for _ in range(10):
-                        r = c.post("/v1/jobs", json=body(key))
-                        answers[key].append((r.status_code, r.json().get("job_id", "")))
-                        if r.status_code in (200, 201):
-                            break
-                        time.sleep(1)
-                    r = c.post("/v1/jobs", json=body(key))  # and once more after it settled
-                    answers[key].append((r.status_code, r.json().get("job_id", "")))
+            answers = {k: _retry(api.url, body(k)) for k in (k_timeout, k_drop)}
+            answers[k_timeout] = early + answers[k_timeout]
+            with httpx.Client(base_url=api.url, headers=HEADERS, timeout=20) as c:
                 listed = _list_all(c)
-            hits_k = {k: rcv.wait_for(ids[-1][1], 1, 60) for k, ids in answers.items()}
+            ids = {k: v[-1][1] for k, v in answers.items()}
+            for k in answers:
+                rcv.wait_for(ids[k], 1, 60)
             time.sleep(3)  # a second run would come right behind the first
-            hits_k = {k: rcv.hits_for(ids[-1][1]) for k, ids in answers.items()}
+            hits_k = {k: rcv.hits_for(ids[k]) for k in answers}
         finally:
             api.stop()
-    names = {k: [j for j in listed if j["name"] == f"indet-{k}"] for k in answers}
-    dup = sum(max(0, len(v) - 1) for v in names.values())
-    lost = sum(1 for k in answers if not hits_k[k])
+    keyed = {k: [j for j in listed if j["idempotency_key"] == k] for k in answers}
+    dup = sum(max(0, len(v) - 1) for v in keyed.values())
     reliability.record(
-        scenario="indeterminate create", injected="client timeout (1 s) before the API's "
-        "read-your-writes wait, x3 with no worker; a connection dropped after sending",
-        lost=lost, duplicates=dup + sum(max(0, len(h) - 1) for h in hits_k.values()),
+        scenario="indeterminate create", injected="API's answer withheld by a proxy until "
+        "the client's 1 s timeout, x2 with no worker; a connection dropped after sending",
+        lost=sum(1 for k in answers if not hits_k[k]),
+        duplicates=dup + sum(max(0, len(h) - 1) for h in hits_k.values()),
         max_lateness_ms=max((h[0].received_ms - run_at for h in hits_k.values() if h),
                             default=None),
         attempts_ok=True,
-        notes=f"first tries: {outcomes}; retries: "
+        notes=f"first tries: {outcomes}, answers lost: {[w.status for w in lost]}; retries: "
               f"{ {k[:7]: [s for s, _ in v] for k, v in answers.items()} }; "
               f"{len(accepted)} CreateJob commands for the timed-out key")
+    # The first retry, with no worker yet, already knows the job whose answer was lost.
+    assert early[0][0] == 200 and {early[0][1]} == lost_ids, (early, lost_ids)
+    assert {j for _, j in answers[k_timeout]} == lost_ids, answers[k_timeout]
     for key, got in answers.items():
         assert got[-1][0] == 200 and got[-2][0] in (200, 201), (key, got)
         assert len({j for _, j in got if j}) == 1, (key, got)
-        assert len(names[key]) == 1, (key, names[key])
+        assert len(keyed[key]) == 1, (key, keyed[key])
         assert len(hits_k[key]) == 1, (key, hits_k[key])
+
+
+def _lose_answers(proxy: AnswerEatingProxy, settings: Settings, body: dict[str, Any]
+                  ) -> tuple[list[str], list[Withheld], list[dict[str, Any]]]:
+    """Two creates through the proxy: both time out at the client, both were answered."""
+    outcomes: list[str] = []
+    with httpx.Client(base_url=proxy.url, headers=HEADERS, timeout=1.0) as c:
+        for _ in range(2):
+            try:
+                outcomes.append(str(c.post("/v1/jobs", json=body).status_code))
+            except httpx.TimeoutException:
+                outcomes.append("timeout")
+    assert outcomes == ["timeout", "timeout"], outcomes
+    lost = wait_until(lambda: len(proxy.withheld) >= 2, 10) and list(proxy.withheld)
+    assert lost and [w.status for w in lost] == [201, 200], proxy.withheld
+    accepted = wait_until(lambda: _commands_for(settings, body["idempotency_key"]), 15)
+    assert len(accepted) == 1, accepted  # the retry was recognised, not sent again
+    return outcomes, lost, accepted
+
+
+def _send_and_drop(port: int, body: dict[str, Any]) -> None:
+    raw = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nX-API-Key: key-acme\r\n"
+                  b"Content-Type: application/json\r\n"
+                  + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        time.sleep(0.05)
+
+
+def _retry(url: str, body: dict[str, Any]) -> list[tuple[int, str]]:
+    """Until the API answers 200/201 (409 while the first is in flight), then once more."""
+    got: list[tuple[int, str]] = []
+    with httpx.Client(base_url=url, headers=HEADERS, timeout=20) as c:
+        for _ in range(10):
+            r = c.post("/v1/jobs", json=body)
+            got.append((r.status_code, r.json().get("job_id", "")))
+            if r.status_code in (200, 201):
+                break
+            time.sleep(1)
+        r = c.post("/v1/jobs", json=body)
+        got.append((r.status_code, r.json().get("job_id", "")))
+    return got
 
 
 def _commands_for(settings, key: str) -> list:

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     # Call targets only after the attempt's start is acknowledged by Kafka: a crash then
     # repeats a call only as a new attempt with a new token. Costs dispatch latency.
     dispatch_barrier: bool = True
+    # Attempts in flight per worker. A Kafka target holds its slot until the broker acks
+    # (acks=all), so throughput per worker is at most this over the ack latency.
+    executor_concurrency: int = Field(default=1024, ge=1, le=65_536)
     worker_id: str = Field(default_factory=_default_worker_id)
     log_level: str = "INFO"
 

@@ -94,6 +94,7 @@ class Engine:
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
                      "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
             report=self._report, clock=self.clock, worker_id=settings.worker_id,
+            concurrency=settings.executor_concurrency,
             before_dispatch=self.barrier.wait if settings.dispatch_barrier else None,
             may_dispatch=self.owns)
         self.app.agent(self.app.topic(settings.topic("commands"), settings.topic("signals"),

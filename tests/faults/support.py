@@ -29,7 +29,7 @@ from kron.settings import Settings
 from replay.audit import AuditReport, audit
 from replay.reader import read_topic
 from tests.support.receiver import Hit, Receiver
-from tests.support.stack import Commands, WorkerProcess, spec
+from tests.support.stack import Commands, WorkerProcess, spec, wait_until
 
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
@@ -43,16 +43,6 @@ def now_ms() -> int:
 
 def slot_of(hit: Hit) -> int:
     return int(datetime.fromisoformat(hit.headers["X-Kron-Scheduled-For"]).timestamp() * 1000)
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    return predicate()
 
 
 # --- which process holds a loopback connection --------------------------------------------

@@ -122,7 +122,8 @@ class Engine:
             web_enabled=False,
             table_standby_replicas=1,
             broker_session_timeout=s.session_timeout_s,
-            broker_heartbeat_interval=min(3.0, s.session_timeout_s / 3),
+            # The survivors of a crash learn of the rebalance at their next heartbeat.
+            broker_heartbeat_interval=min(1.0, s.session_timeout_s / 3),
             producer_acks=-1,
             producer_linger_ms=5,
             stream_buffer_maxsize=4096,

@@ -17,7 +17,7 @@ import faust
 
 from kron.clock import Clock, SystemClock
 from kron.settings import Settings
-from schemas import codec
+from schemas import codec, names
 from schemas.errors import DecodeError
 from streams import localstate
 from streams.barrier import DurabilityBarrier
@@ -33,18 +33,15 @@ from streams.ticker import Ticker
 
 log = logging.getLogger("kron.engine")
 
-TICK = "kron.engine.Tick"
-REPORTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.ExecutionFailed",
-                     "kron.executions.ExecutionHeartbeat", "kron.executions.AttemptsFinished"})
-RESULTS = frozenset({"kron.executions.ExecutionSucceeded", "kron.executions.ExecutionFailed"})
+RESULTS = frozenset({names.EXECUTION_SUCCEEDED, names.EXECUTION_FAILED})
+REPORTS = RESULTS | {names.EXECUTION_HEARTBEAT, names.ATTEMPTS_FINISHED}
 # Avro bytes pass through Faust untouched; the codec owns (de)serialisation.
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
                        "value_serializer": "raw"}
 STATS_EVERY_S = 30.0
 # sysexits' EX_IOERR: a supervisor sees a machine problem, not a crash in kron.
 EXIT_STATE_UNWRITABLE = 74
-IGNORED = frozenset({"kron.engine.CircuitOpened", "kron.engine.CircuitClosed",
-                     "kron.executions.TriggerSuppressed"})
+IGNORED = frozenset({names.CIRCUIT_OPENED, names.CIRCUIT_CLOSED, names.TRIGGER_SUPPRESSED})
 
 
 @dataclass(kw_only=True)
@@ -306,7 +303,7 @@ class Engine:
         if name.startswith("kron.commands."):
             self.stats.commands += 1
             return core.on_command(name, rec, ctx)
-        if name == TICK:
+        if name == names.TICK:
             self.stats.ticks += 1
             ctx.now_ms = rec["now_ms"]
             effects, more = core.on_tick(ctx)

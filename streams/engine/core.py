@@ -387,19 +387,19 @@ class PartitionCore:
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
         for ex_id, attempt in entries:
             ex = self.store.execution(ex_id)
-            if ex is not None and ex["attempt"] == attempt and ex["state"] == "retry_pending":
-                self._rearm(ex, ctx)  # its retry timer may not have survived a crash
-                continue
-            if ex is None or ex["attempt"] != attempt or ex["state"] != "running":
-                continue  # finished, retried or cancelled since: nothing to judge
-            if ex["lease_until_ms"] > ctx.now_ms:
-                self._lease(ex, ctx)  # heartbeats extended it: look again then
-                continue
-            job = self.store.job(ex["job_id"])
-            if job is not None:
-                self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
-                                   error="lease expired: the worker stopped heartbeating",
-                                   status_code=None, retry_after_s=None, started_at_ms=None)
+            if ex is None or ex["attempt"] != attempt:
+                continue  # retried since: a later timer watches the newer attempt
+            if ex["state"] == "running" and ex["lease_until_ms"] <= ctx.now_ms:
+                job = self.store.job(ex["job_id"])
+                if job is not None:
+                    self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
+                                       error="lease expired: the worker stopped heartbeating",
+                                       status_code=None, retry_after_s=None,
+                                       started_at_ms=None)
+            else:
+                # Extended by heartbeats: look again then. Retry pending: its retry timer
+                # may not have survived a crash. Finished: nothing to do.
+                self._rearm(ex, ctx)
 
     # --- firing ------------------------------------------------------------------------------
 
@@ -487,11 +487,13 @@ class PartitionCore:
     def _on_slot(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context, *,
                  trigger: str) -> None:
         """Apply the overlap policy to a slot that is due now."""
-        # An execution whose finish was durable but whose job write was lost (a crash
-        # between the two) must not hold the overlap policy forever.
-        job["running"] = [e for e in job["running"]
-                          if (x := self.store.execution(e)) is not None
-                          and x["state"] not in TERMINAL]
+        if job["running"] and plan.overlap != Overlap.ALLOW:
+            # An execution whose finish was durable but whose job write was lost (a crash
+            # between the two) must not hold the overlap policy forever. Only policies
+            # that look at `running` pay for the lookups.
+            job["running"] = [e for e in job["running"]
+                              if (x := self.store.execution(e)) is not None
+                              and x["state"] not in TERMINAL]
         running = job["running"]
         if running and plan.overlap == Overlap.SKIP_IF_RUNNING:
             self._record_outcome(job, slot, ctx, state="skipped", reason="overlap: running")

@@ -23,7 +23,7 @@ from streams import localstate
 from streams.barrier import DurabilityBarrier
 from streams.domain.errors import PermanentError
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore
-from streams.engine.faust_store import TableStore
+from streams.engine.faust_store import TableStore, TerminalMemo
 from streams.executor import Executor
 from streams.lease import OwnershipLease
 from streams.reports import ResultBatcher, result_item
@@ -60,6 +60,8 @@ class Engine:
         self.clock = clock or SystemClock()
         self.stats = Stats()
         self.lease = OwnershipLease(clock=self.clock, session_timeout_s=settings.session_timeout_s)
+        self._owned: frozenset[int] = frozenset()
+        self._owned_for: object = None
         self.app = self._build_app()
         p = settings.partitions
 
@@ -83,6 +85,7 @@ class Engine:
         self.executions = table("executions")
         self.timers = table("timers")
         self.ticker = Ticker(engine=self)
+        self.terminal = TerminalMemo()
         # Built now, started with the app: a dispatch may arrive before the start-up task.
         self.barrier = DurabilityBarrier(self._flush)
         self.results = ResultBatcher(send=self._send_signal, clock=self.clock,
@@ -223,13 +226,17 @@ class Engine:
         generation = getattr(self.coordinator(), "generation", 0)
         return generation if isinstance(generation, int) and generation > 0 else 0
 
-    def owned_partitions(self) -> set[int]:
-        topic = self.settings.topic("signals")
-        try:
-            actives = self.app.assignor.assigned_actives()
-        except Exception:  # before the first assignment
-            return set()
-        return {tp.partition for tp in actives if tp.topic == topic}
+    def owned_partitions(self) -> frozenset[int]:
+        """Asked before every dispatch: rebuilt only when Faust installs a new assignment
+        (it replaces the object, never mutates it), not per call (3% of the loop at 1.5k/s)."""
+        assignment = getattr(self.app.assignor, "_assignment", None)
+        if assignment is None:  # before the first assignment
+            return frozenset()
+        if assignment is not self._owned_for:
+            actives = assignment.actives.get(self.settings.topic("signals"), ())
+            self._owned = frozenset(actives)
+            self._owned_for = assignment
+        return self._owned
 
     def owns(self, partition: int) -> bool:
         """May this process still act for the partition? Checked before every dispatch."""
@@ -294,7 +301,8 @@ class Engine:
         name, rec = decoded.name, decoded.record
         partition = msg.partition
         store = TableStore(jobs=self.jobs, executions=self.executions, timers=self.timers,
-                           partition=partition, on_timer=self.ticker.timer_added)
+                           partition=partition, on_timer=self.ticker.timer_added,
+                           terminal=self.terminal)
         core = PartitionCore(store)
         ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
                       causation_id=rec["envelope"]["event_id"],

@@ -16,6 +16,34 @@ import faust
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
 
 
+class KeyFloor:
+    """Per partition, a key that no live key of the local store sorts below.
+
+    A time-ordered table is a queue: fired timers are deleted from its front, and RocksDB
+    keeps their tombstones until compaction. A scan from the first key steps over all of
+    them: 8 ms per seek with 190k tombstones, measured. Seeking from the floor skips them.
+    Every write that can add a key lowers the floor (our puts and every changelog batch a
+    restore or standby applies); a scan raises it to the first live key it finds.
+    """
+
+    def __init__(self) -> None:
+        self._floor: dict[int, bytes] = {}
+
+    def get(self, partition: int) -> bytes | None:
+        return self._floor.get(partition)
+
+    def lower(self, partition: int, key: bytes) -> None:
+        current = self._floor.get(partition)
+        if current is not None and key < current:
+            self._floor[partition] = key
+
+    def raise_to(self, partition: int, key: bytes) -> None:
+        """Nothing live sorts below `key`: the caller just scanned up to it."""
+        current = self._floor.get(partition)
+        if current is None or key > current:
+            self._floor[partition] = key
+
+
 class FencedTable(faust.Table[Any, Any]):
     """A table whose changelog is judged by owner epoch on every replay."""
 
@@ -23,6 +51,14 @@ class FencedTable(faust.Table[Any, Any]):
         super().__init__(*args, **kwargs)
         self._epoch = epoch
         self.fence = EpochFence()
+        self.floor = KeyFloor()
+
+    def on_key_set(self, key: Any, value: Any) -> None:
+        super().on_key_set(key, value)
+        if isinstance(key, bytes):
+            event = faust.current_event()
+            if event is not None:
+                self.floor.lower(event.message.partition, key)
 
     def send_changelog(self, partition: int | None, key: Any, value: Any,
                        key_serializer: Any = None, value_serializer: Any = None) -> Any:
@@ -43,6 +79,9 @@ class FencedTable(faust.Table[Any, Any]):
         admitted = [e for e in events if self.fence.admit(
             e.message.partition, epoch_of_headers(e.message.headers),
             int((e.message.timestamp or 0) * 1000))]
+        for e in admitted:
+            if e.message.value is not None and isinstance(e.message.key, bytes):
+                self.floor.lower(e.message.partition, e.message.key)
         super().apply_changelog_batch(admitted)
         if len(admitted) != len(events):
             # Skipped writes still count as read, or the next start would read them again.

@@ -56,14 +56,14 @@ class Ticker:
                                  _due_of(first_timer_key(self._engine.timers, partition)))
         self._wake.set()
 
-    def _owned(self) -> set[int]:
+    def _owned(self) -> frozenset[int]:
         # Outside the lease we may not be the owner any more: the new one ticks. Watching
         # starts here too, as a worker with timers but no commands gets no other event.
         lease = self._engine.lease
         lease.watch(self._engine.coordinator())
-        return self._engine.owned_partitions() if lease.valid() else set()
+        return self._engine.owned_partitions() if lease.valid() else frozenset()
 
-    def _rescan(self, owned: set[int]) -> None:
+    def _rescan(self, owned: frozenset[int]) -> None:
         for p in list(self._next):
             if p not in owned:
                 del self._next[p]

@@ -25,9 +25,8 @@ from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_
 from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
 from streams.domain.timer import encode_timer_key as timer_key
 from streams.engine.spec import JobPlan, branch, plan_of
-from streams.engine.store import PartitionStore, Record
+from streams.engine.store import TERMINAL, PartitionStore, Record
 
-TERMINAL = frozenset({"succeeded", "failed", "skipped", "missed", "cancelled"})
 # How late a slot may be found before misfire policy applies: covers tick and GC jitter,
 # not downtime.
 MISFIRE_GRACE_MS = 5_000
@@ -36,6 +35,9 @@ MAX_LATE_SLOTS = 10_000
 # Paced re-fires (fire_all, backfill) go out at most this often per job.
 PACE_MS = 100
 MAX_RECENT_COMMANDS = 32
+# `allow` jobs drop finished runs from `running` when it grows past this, not at every
+# finish: that saves a job write per execution (see _finish).
+RUNNING_PRUNE_AT = 16
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -222,6 +224,8 @@ class PartitionCore:
         plan = plan_of(cmd["spec"])
         self._settle_overdue(job, ctx)
         self._disarm(job)
+        # Under `allow` the list may hold finished runs (see _finish); another policy reads it.
+        self._prune_running(job)
         job["spec"] = cmd["spec"]
         job["version"] += 1
         if job["status"] == "completed":
@@ -386,6 +390,8 @@ class PartitionCore:
 
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
         for ex_id, attempt in entries:
+            if self.store.known_terminal(ex_id):
+                continue  # the common case: it finished long ago, nothing to watch
             ex = self.store.execution(ex_id)
             if ex is None or ex["attempt"] != attempt:
                 continue  # retried since: a later timer watches the newer attempt
@@ -491,9 +497,7 @@ class PartitionCore:
             # An execution whose finish was durable but whose job write was lost (a crash
             # between the two) must not hold the overlap policy forever. Only policies
             # that look at `running` pay for the lookups.
-            job["running"] = [e for e in job["running"]
-                              if (x := self.store.execution(e)) is not None
-                              and x["state"] not in TERMINAL]
+            self._prune_running(job)
         running = job["running"]
         if running and plan.overlap == Overlap.SKIP_IF_RUNNING:
             self._record_outcome(job, slot, ctx, state="skipped", reason="overlap: running")
@@ -549,8 +553,17 @@ class PartitionCore:
             self._rearm(existing, ctx)
             return
         ex = self._new_execution(job, ex_id, slot, ctx, trigger=trigger)
+        if len(job["running"]) >= RUNNING_PRUNE_AT:
+            self._prune_running(job)
         job["running"].append(ex_id)
         self._begin_attempt(job, plan, ex, ctx)
+
+    def _prune_running(self, job: Record) -> None:
+        """Drop finished executions from `running`: an `allow` job's finish does not write
+        the job, and a crash between two writes can leave one behind for any policy."""
+        job["running"] = [e for e in job["running"] if not self.store.known_terminal(e)
+                          and (x := self.store.execution(e)) is not None
+                          and x["state"] not in TERMINAL]
 
     def _begin_attempt(self, job: Record, plan: JobPlan, ex: Record, ctx: Context) -> None:
         ex["attempt"] += 1
@@ -672,9 +685,15 @@ class PartitionCore:
         }
 
     def _finish(self, job: Record, ex: Record, ctx: Context, event_type: str) -> None:
-        """Terminal state; a queued slot (overlap=queue) starts now, or is skipped if paused."""
+        """Terminal state; a queued slot (overlap=queue) starts now, or is skipped if paused.
+
+        An `allow` job whose status does not change is not written: nothing decides on its
+        `running` list, which sheds finished runs when it grows (_prune_running). That is
+        one Avro encode and one changelog record fewer per execution of a cron job.
+        """
         ex["lease_until_ms"] = None
         self._save_exec(ctx, ex, event_type)
+        status = job["status"]
         _discard(job["running"], ex["exec_id"])
         queued = job["queued_slot_ms"]
         if queued is not None and not job["running"] and job["status"] != "deleted":
@@ -688,6 +707,9 @@ class PartitionCore:
                                       trigger="schedule")
         if job["next_run_at_ms"] is None and not job["running"] and job["status"] == "active":
             job["status"] = "completed"
+        if (queued is None and job["status"] == status
+                and plan_of(job["spec"]).overlap == Overlap.ALLOW):
+            return
         self._save_job(ctx, job, "job.execution_finished")
 
 

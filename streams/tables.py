@@ -13,6 +13,7 @@ from typing import Any
 
 import faust
 
+from streams.changelog import ChangelogProducer
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
 
 
@@ -47,9 +48,13 @@ class KeyFloor:
 class FencedTable(faust.Table[Any, Any]):
     """A table whose changelog is judged by owner epoch on every replay."""
 
-    def __init__(self, *args: Any, epoch: Callable[[], int], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, epoch: Callable[[], int],
+                 changelog: ChangelogProducer | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch = epoch
+        # Set: writes go out through librdkafka (see streams.changelog); None: Faust's path.
+        self._changelog = changelog
+        self._changelog_name: str | None = None
         self.fence = EpochFence()
         self.floor = KeyFloor()
 
@@ -67,9 +72,15 @@ class FencedTable(faust.Table[Any, Any]):
             # Our own writes raise the mark too: a replaced owner's late write after them
             # must lose to them when this process later replays the partition.
             self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
+        headers = [(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None
+        if self._changelog is not None and partition is not None:
+            # Keys and values are raw bytes (a delete is a None value): nothing to serialise.
+            if self._changelog_name is None:
+                self._changelog_name = self.changelog_topic.get_topic_name()
+            return self._changelog.produce(self._changelog_name, partition, key, value,
+                                           headers)
         return self.changelog_topic.send_soon(
-            key=key, value=value, partition=partition,
-            headers=[(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None,
+            key=key, value=value, partition=partition, headers=headers,
             key_serializer=key_serializer or self.key_serializer,
             value_serializer=value_serializer or self.value_serializer,
             callback=self._on_changelog_sent, eager_partitioning=True)

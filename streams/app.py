@@ -228,9 +228,8 @@ class Engine:
 
     async def _publish(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: dict[str, str]) -> None:
-        fut = await self.app.producer.send(topic, key, value, None, None,
-                                           [(k, v.encode()) for k, v in headers.items()])
-        await fut
+        await self.changelog.publish(topic, key, value,
+                                     [(k, v.encode()) for k, v in headers.items()])
 
     async def _report(self, partition: int, name: str, record: dict[str, Any]) -> None:
         if name in RESULTS:
@@ -330,12 +329,13 @@ class Engine:
             await self._apply(effects, msg.partition)
 
     def _core(self, partition: int, rec: dict[str, Any]) -> tuple[PartitionCore, Context]:
+        epoch = self.epoch()
         store = TableStore(jobs=self.jobs, executions=self.executions, timers=self.timers,
-                           partition=partition, on_timer=self.ticker.timer_added,
+                           partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
                            terminal=self.terminal)
         ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
                       causation_id=rec["envelope"]["event_id"],
-                      worker=self.settings.worker_id, epoch=self.epoch(),
+                      worker=self.settings.worker_id, epoch=epoch,
                       misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
         return PartitionCore(store, self.plans), ctx
 

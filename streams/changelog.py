@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 log = logging.getLogger("kron.changelog")
 
@@ -58,6 +58,7 @@ class ChangelogProducer:
             "queue.buffering.max.messages": QUEUE_MAX_MESSAGES,
             "queue.buffering.max.kbytes": 1 << 20,
             "message.timeout.ms": 60_000,
+            "partitioner": "murmur2_random",
             "log_level": 3,
         }
         self._on_offsets = on_offsets
@@ -71,6 +72,7 @@ class ChangelogProducer:
         self._signalled = False
         self._waiters: list[tuple[dict[TP, int], asyncio.Future[None]]] = []
         self._failure: str | None = None
+        self._published: list[tuple[asyncio.Future[None], str | None]] = []
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self.writes = 0
@@ -97,6 +99,24 @@ class ChangelogProducer:
         self._produced[tp] = self._produced.get(tp, 0) + 1
         self.writes += 1
         return Sent(message=_Message(partition=partition))
+
+    def publish(self, topic: str, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]]) -> asyncio.Future[None]:
+        """A Kafka target's message: resolved when acked, failed (not fatal) if it can't be.
+        Not counted by the barrier. Keyed messages land where a Java producer puts them."""
+        producer = self._producer or self._start()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            with self._lock:
+                self._published.append((fut, None if err is None else str(err)))
+
+        try:
+            producer.produce(topic, value=value, key=key, headers=cast(_Headers, headers),
+                             on_delivery=delivered)
+        except (BufferError, KafkaException) as exc:
+            fut.set_exception(RuntimeError(f"publish refused: {exc}"))
+        return fut
 
     # --- acks (poller thread) ----------------------------------------------------------------
 
@@ -125,8 +145,16 @@ class ChangelogProducer:
         self._signalled = False
         with self._lock:
             offsets, self._offsets = self._offsets, {}
+            published, self._published = self._published, []
             acked = dict(self._acked)
             failure = self._failure
+        for fut, err in published:
+            if fut.done():
+                continue
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(err))
         if offsets:
             self._on_offsets(offsets)
         if failure is not None:

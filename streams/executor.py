@@ -159,7 +159,11 @@ class Executor:
                            fencing_token=d.fencing_token, now_ms=started_ms)
         task = asyncio.ensure_future(self.runners[kind].run(d.target, info))
         self._inflight[d.exec_id] = task
-        beat = asyncio.ensure_future(self._heartbeat(job))
+        # Most attempts end long before their first heartbeat is due: a timer handle costs
+        # far less than a heartbeat task per attempt.
+        beats: list[asyncio.Task[None]] = []
+        later = asyncio.get_running_loop().call_later(
+            d.lease_s / 3, lambda: beats.append(asyncio.ensure_future(self._heartbeat(job))))
         try:
             return await task
         except asyncio.CancelledError:
@@ -167,14 +171,15 @@ class Executor:
                 return Outcome(ok=False, error_class=ErrorClass.CANCELLED, error="cancelled")
             raise
         finally:
-            beat.cancel()
+            later.cancel()
+            for beat in beats:
+                beat.cancel()
             self._inflight.pop(d.exec_id, None)
 
     async def _heartbeat(self, job: Job) -> None:
         """Long attempts extend their lease at a third of its length."""
         d = job.dispatch
         while True:
-            await asyncio.sleep(d.lease_s / 3)
             now = self._clock.now_ms()
             job.lease_deadline = self._clock.monotonic() + d.lease_s
             await self._report(job.partition, "kron.executions.ExecutionHeartbeat", {
@@ -182,6 +187,7 @@ class Executor:
                 "attempt": d.attempt, "fencing_token": d.fencing_token,
                 "lease_until_ms": now + int(d.lease_s * 1000),
             })
+            await asyncio.sleep(d.lease_s / 3)
 
     def _base(self, d: Dispatch, event_type: str, now_ms: int) -> dict[str, Any]:
         return {

@@ -85,6 +85,25 @@ class FencedTable(faust.Table[Any, Any]):
             value_serializer=value_serializer or self.value_serializer,
             callback=self._on_changelog_sent, eager_partitioning=True)
 
+    def write(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> None:
+        """A state write without Faust's per-record table machinery: the changelog record
+        (through librdkafka), then the partition's RocksDB. Reads of the same partition
+        see it at once; the key floor learns of a new key."""
+        assert self._changelog is not None, "direct writes need the librdkafka changelog"
+        if epoch > 0:
+            self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
+        if self._changelog_name is None:
+            self._changelog_name = self.changelog_topic.get_topic_name()
+        self._changelog.produce(self._changelog_name, partition, key, value,
+                                [(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None)
+        store: Any = self.data  # the RocksDB store: one rocksdict per partition
+        db = store._db_for_partition(partition)
+        if value is None:
+            db.delete(key)
+        else:
+            db.put(key, value)
+            self.floor.lower(partition, key)
+
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
         events = list(batch)
         admitted = [e for e in events if self.fence.admit(

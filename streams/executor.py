@@ -37,29 +37,50 @@ class Job:
 
 
 class FairQueue:
-    """Round-robin over tenants, so one tenant's midnight flood can't starve another."""
+    """Round-robin over tenants, so one tenant's midnight flood can't starve another.
+
+    Each put wakes one idle getter, not all of them: with an Event shared by 1,024 pool
+    tasks, every put under a spread-out load woke the whole pool (17% of the worker's CPU
+    at 500 executions/s).
+    """
 
     def __init__(self) -> None:
         self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
-        self._ready = asyncio.Event()
+        self._getters: deque[asyncio.Future[None]] = deque()
         self.size = 0
 
     def put(self, tenant: str, item: Job) -> None:
         self._queues.setdefault(tenant, deque()).append(item)
         self.size += 1
-        self._ready.set()
+        self._wake_one()
 
     async def get(self) -> Job:
         while not self._queues:
-            self._ready.clear()
-            await self._ready.wait()
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except asyncio.CancelledError:
+                # Woken and cancelled at once: pass the wake-up on, or an item waits.
+                if getter.done() and not getter.cancelled() and self._queues:
+                    self._wake_one()
+                raise
         tenant, queue = next(iter(self._queues.items()))
         item = queue.popleft()
         self.size -= 1
         del self._queues[tenant]
         if queue:
             self._queues[tenant] = queue  # back of the line: the next tenant goes first
+        if self._queues:
+            self._wake_one()  # more items than this getter: another may start at once
         return item
+
+    def _wake_one(self) -> None:
+        while self._getters:
+            getter = self._getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
 
 
 class Executor:

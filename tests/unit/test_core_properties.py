@@ -74,7 +74,6 @@ from streams.engine import core as core_module
 from streams.engine.core import (
     MISFIRE_GRACE_MS,
     RUNNING_PRUNE_AT,
-    TERMINAL,
     Cancel,
     Context,
     Dispatch,
@@ -82,7 +81,7 @@ from streams.engine.core import (
     PartitionCore,
 )
 from streams.engine.spec import JobPlan, plan_of
-from streams.engine.store import MemoryStore, Record
+from streams.engine.store import TERMINAL, MemoryStore, Record
 from streams.reports import result_item
 from tests.support.stack import spec
 

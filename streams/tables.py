@@ -38,6 +38,9 @@ class KeyFloor:
         if current is not None and key < current:
             self._floor[partition] = key
 
+    def reset(self) -> None:
+        self._floor.clear()
+
     def raise_to(self, partition: int, key: bytes) -> None:
         """Nothing live sorts below `key`: the caller just scanned up to it."""
         current = self._floor.get(partition)

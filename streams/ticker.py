@@ -25,6 +25,7 @@ log = logging.getLogger("kron.ticker")
 RESEND_S = 5.0
 # Even with no notification, re-read the durable index this often.
 RESCAN_S = 0.5
+FLOOR_RESET_S = 10.0
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -73,11 +74,27 @@ class Ticker:
                 self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
 
     async def _run(self) -> None:
+        while True:
+            try:
+                await self._loop()
+            except Exception:  # a dead ticker would leave every owned partition silent
+                log.exception("ticker failed; starting over")
+                await asyncio.sleep(RESCAN_S)
+
+    async def _loop(self) -> None:
         clock = self._engine.clock
-        last_scan = 0.0
+        last_scan = last_reset = 0.0
         while True:
             mono = clock.monotonic()
             owned = self._owned()
+            if mono - last_reset >= FLOOR_RESET_S:
+                # The timer scans seek from a key floor (streams.tables.KeyFloor); now and
+                # then scan from the first key instead, so a floor that is ever wrong costs
+                # at most this long, not a silent partition.
+                floor = getattr(self._engine.timers, "floor", None)
+                if floor is not None:
+                    floor.reset()
+                last_reset = mono
             if mono - last_scan >= RESCAN_S:
                 self._rescan(owned)
                 last_scan = mono

@@ -21,6 +21,7 @@ from schemas import codec, names
 from schemas.errors import DecodeError
 from streams import localstate
 from streams.barrier import DurabilityBarrier
+from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore
 from streams.engine.faust_store import TableStore
@@ -97,7 +98,7 @@ class Engine:
         self.app.agent(self.app.topic(settings.topic("commands"), settings.topic("signals"),
                                       **RAW),
                        name="kron-engine", concurrency=1)(self._agent)
-        self._seek_uncommitted_from_start()
+        self._guard_commits()
         self.app.task(self._on_start)
         self.app.on_before_shutdown.connect(self._on_shutdown)
         self.app.timer(STATS_EVERY_S)(self._log_stats)
@@ -130,27 +131,12 @@ class Engine:
             logging_config=None,
         )
 
-    def _seek_uncommitted_from_start(self) -> None:
-        """Close a hole between Faust and aiokafka that loses a partition's first records.
-
-        After an assignment Faust resumes the stream partitions, seeks them to their
-        committed offsets and only then resumes the flow; a record fetched in between is
-        dropped (the flow is suspended) but counted as read. aiokafka seeks only to committed
-        offsets above 0, so a partition nobody has committed yet keeps its position past the
-        dropped records, and they are never delivered (seen in the broker-restart fault test:
-        acknowledged creates at offsets 0-2 never ran). Seek such partitions to 0 ourselves.
-        """
-        consumer: Any = self.app.consumer
-        original = consumer.perform_seek
-        sources = {self.settings.topic("commands"), self.settings.topic("signals")}
-
-        async def perform_seek() -> None:
-            await original()
-            for tp in consumer.assignment():
-                if tp.topic in sources and not consumer._committed_offset.get(tp):
-                    await consumer.seek(tp, 0)
-
-        consumer.perform_seek = perform_seek
+    def _guard_commits(self) -> None:
+        """Faust can drop a record at a rebalance and commit over it (streams.commits)."""
+        self.commit_guard = CommitGuard(
+            consumer=self.app.consumer, monotonic=self.clock.monotonic,
+            sources={self.settings.topic("commands"), self.settings.topic("signals")})
+        self.commit_guard.install()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -183,7 +169,7 @@ class Engine:
             "completed": self.executor.completed, "backlog": self.executor.backlog,
             "dead_letters": st.dead_letters, "ticks_sent": self.ticker.sent,
             "flushes": self.barrier.flushes, "result_batches": self.results.batches,
-            "fenced": self.executor.fenced,
+            "fenced": self.executor.fenced, "skipped_records": self.commit_guard.holes,
             "uptime_s": round(time.monotonic() - st.started, 1)})
 
     async def _flush(self) -> None:

@@ -163,7 +163,12 @@ class Executor:
         try:
             return await task
         except asyncio.CancelledError:
-            if task.cancelled():
+            # Only the engine's cancel (the attempt's own task) is an outcome. When the pool
+            # itself is cancelled (stop), this task is "cancelling": swallowing that left the
+            # pool task waiting on the queue and a SIGTERM'd worker hung in its stop, still
+            # holding its partitions in the group.
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
                 return Outcome(ok=False, error_class=ErrorClass.CANCELLED, error="cancelled")
             raise
         finally:

@@ -73,6 +73,14 @@ class Ticker:
                 self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
 
     async def _run(self) -> None:
+        while True:
+            try:
+                await self._loop()
+            except Exception:  # a dead ticker would leave every owned partition silent
+                log.exception("ticker failed; starting over")
+                await asyncio.sleep(RESCAN_S)
+
+    async def _loop(self) -> None:
         clock = self._engine.clock
         last_scan = 0.0
         while True:

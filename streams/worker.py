@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from pathlib import Path
+from typing import Any
 
 from kron.logs import JsonFormatter
 from kron.settings import Settings
 from kron.topics import create_topics
 from streams import localstate
 
+# Longer than a clean stop takes (executor drain, producer flushes: a few seconds), shorter
+# than a group's patience.
+STOP_GRACE_S = 25.0
+# sysexits' EX_TEMPFAIL: stopped, but not cleanly.
+EXIT_STOP_TIMEOUT = 75
+
 
 def run_worker(settings: Settings) -> None:
-    import faust
     import mode.loop
 
     from streams.app import build_engine
@@ -28,7 +36,34 @@ def run_worker(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
     localstate.prepare(settings.data_dir, Path(engine.app.conf.tabledir))
-    worker = faust.Worker(engine.app, loglevel=settings.log_level.lower(),
-                          logfile=None, quiet=True, redirect_stdouts=False,
-                          override_logging=False)  # keep the JSON log handler
+    worker = _bounded_stop_worker_class()(
+        engine.app, loglevel=settings.log_level.lower(), logfile=None, quiet=True,
+        redirect_stdouts=False, override_logging=False)  # keep the JSON log handler
     worker.execute_from_commandline()
+
+
+def _bounded_stop_worker_class() -> Any:
+    import faust  # imported only when a worker runs
+
+    class BoundedStopWorker(faust.Worker):
+        """A graceful stop that hangs must not keep the group waiting for this member: a
+        rebalance storm test once saw a stopping worker hang and the survivors idle for two
+        minutes. After STOP_GRACE_S the process exits hard; its local state is not marked
+        clean, so the next start rebuilds it from Kafka."""
+
+        def _schedule_shutdown(self, signal: Any) -> None:
+            if not self._signal_stop_time:
+                timer = threading.Timer(STOP_GRACE_S, _hard_exit)
+                timer.daemon = True
+                timer.start()
+            super()._schedule_shutdown(signal)
+
+    return BoundedStopWorker
+
+
+def _hard_exit() -> None:
+    logging.getLogger("kron.worker").error(
+        "graceful stop took over %.0f s; exiting without marking local state clean",
+        STOP_GRACE_S)
+    logging.shutdown()
+    os._exit(EXIT_STOP_TIMEOUT)

@@ -1,0 +1,145 @@
+"""The commit guard against Faust's own `_new_offset` (the real function, on a consumer whose
+bookkeeping is plain dicts: no broker is needed to show the off-by-one)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+from faust.transport.consumer import Consumer
+from faust.types import TP
+from hypothesis import given
+from hypothesis import strategies as st
+from intervaltree import IntervalTree
+
+from streams.commits import RESEEK_S, CommitGuard, has_hole, head_offset
+
+SRC = TP("kron.commands", 2)
+OTHER = TP("kron.jobs-changelog", 2)
+
+
+class BookkeepingConsumer:
+    """Faust's commit bookkeeping with its real `_new_offset`; seeks are recorded."""
+
+    def __init__(self, committed: dict[TP, int | None]) -> None:
+        self._acked: defaultdict[TP, list[int]] = defaultdict(list)
+        self._acked_index: defaultdict[TP, set[int]] = defaultdict(set)
+        self._gap: defaultdict[TP, IntervalTree] = defaultdict(IntervalTree)
+        self._committed_offset: dict[TP, int | None] = dict(committed)
+        self.seeks: list[tuple[TP, int]] = []
+
+    def _new_offset(self, tp: TP) -> int | None:
+        return Consumer._new_offset(self, tp)  # type: ignore[arg-type]
+
+    def ack(self, tp: TP, *offsets: int) -> None:
+        for o in offsets:
+            self._acked[tp].append(o)
+            self._acked_index[tp].add(o)
+
+    async def perform_seek(self) -> None:
+        return None
+
+    def assignment(self) -> set[TP]:
+        return {SRC, OTHER}
+
+    async def seek(self, tp: TP, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def guarded(committed: dict[TP, int | None]) -> tuple[BookkeepingConsumer, CommitGuard, Clock]:
+    consumer, clock = BookkeepingConsumer(committed), Clock()
+    guard = CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=clock)
+    guard.install()
+    return consumer, guard, clock
+
+
+def test_faust_alone_commits_over_one_skipped_record() -> None:
+    # Why the guard exists: record 27 was never acked, yet Faust would commit 30.
+    consumer = BookkeepingConsumer({SRC: 27})
+    consumer.ack(SRC, 28, 29)
+    assert consumer._new_offset(SRC) == 30
+
+
+def test_guard_refuses_the_commit_and_reads_the_hole_again() -> None:
+    async def scenario() -> None:
+        consumer, guard, clock = guarded({SRC: 27})
+        consumer.ack(SRC, 28, 29)
+        assert consumer._new_offset(SRC) is None
+        await asyncio.sleep(0)
+        assert consumer.seeks == [(SRC, 27)] and guard.holes == 1
+        assert consumer._new_offset(SRC) is None  # within RESEEK_S: no second seek
+        await asyncio.sleep(0)
+        assert consumer.seeks == [(SRC, 27)]
+        clock.t += RESEEK_S
+        assert consumer._new_offset(SRC) is None
+        await asyncio.sleep(0)
+        assert consumer.seeks == [(SRC, 27), (SRC, 27)]
+        consumer.ack(SRC, 27)  # the re-read record is processed
+        assert consumer._new_offset(SRC) == 30
+
+    asyncio.run(scenario())
+
+
+def test_contiguous_acks_commit_as_before() -> None:
+    consumer, guard, _ = guarded({SRC: 27})
+    consumer.ack(SRC, 27, 28, 30)
+    assert consumer._new_offset(SRC) == 29
+    assert guard.holes == 0
+
+
+def test_other_topics_and_uncommitted_partitions_are_left_to_faust() -> None:
+    consumer, guard, _ = guarded({OTHER: 6, SRC: None})
+    consumer.ack(OTHER, 7, 8)
+    consumer.ack(SRC, 0, 1)
+    assert consumer._new_offset(OTHER) == 9
+    assert consumer._new_offset(SRC) == 2
+    assert guard.holes == 0
+
+
+def test_uncommitted_source_partitions_are_read_from_the_start() -> None:
+    consumer, _, _ = guarded({SRC: None, OTHER: None})
+    asyncio.run(consumer.perform_seek())
+    assert consumer.seeks == [(SRC, 0)]
+
+
+@given(committed=st.integers(0, 50), acked=st.sets(st.integers(0, 80), max_size=20),
+       gap=st.none() | st.tuples(st.integers(0, 80), st.integers(1, 5)))
+def test_a_commit_never_jumps_over_an_unprocessed_record(committed: int, acked: set[int],
+                                                        gap: tuple[int, int] | None) -> None:
+    """Invariant: every offset from the committed one up to the new commit was acked or is a
+    known gap (a compacted or transactional hole), whatever Faust's bookkeeping holds."""
+    acked = {o for o in acked if o >= committed}
+    consumer, _, _ = guarded({SRC: committed})
+
+    async def run() -> int | None:
+        consumer.ack(SRC, *sorted(acked))
+        gaps: set[int] = set()
+        if gap is not None:
+            consumer._gap[SRC].addi(gap[0], gap[0] + gap[1])
+            gaps = set(range(gap[0], gap[0] + gap[1]))
+        new = consumer._new_offset(SRC)
+        if new is not None:
+            assert set(range(committed, new)) <= acked | gaps
+        return new
+
+    asyncio.run(run())
+
+
+def test_head_and_hole_helpers() -> None:
+    tree: Any = IntervalTree()
+    tree.addi(3, 6)
+    assert head_offset([9, 7], tree) == 3
+    assert head_offset([], []) is None
+    assert has_hole(head=5, committed=4)
+    assert not has_hole(head=4, committed=4)
+    assert not has_hole(head=5, committed=None)
+    assert not has_hole(head=None, committed=4)

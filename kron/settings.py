@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     # Attempts in flight per worker. A Kafka target holds its slot until the broker acks
     # (acks=all), so throughput per worker is at most this over the ack latency.
     executor_concurrency: int = Field(default=1024, ge=1, le=65_536)
+    # How often a worker logs its "engine stats" line.
+    stats_every_s: float = Field(default=30.0, ge=0.1, le=3600)
     worker_id: str = Field(default_factory=_default_worker_id)
     log_level: str = "INFO"
 

@@ -58,8 +58,9 @@ from typing import Any
 from streams.domain.errors import PermanentError
 from streams.domain.policies import MisfireKind
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
-from streams.engine.core import PACE_MS, TERMINAL
+from streams.engine.core import PACE_MS
 from streams.engine.spec import JobPlan, plan_of
+from streams.engine.store import TERMINAL
 
 Record = dict[str, Any]
 

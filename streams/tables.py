@@ -13,16 +13,60 @@ from typing import Any
 
 import faust
 
+from streams.changelog import ChangelogProducer
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
+
+
+class KeyFloor:
+    """Per partition, a key that no live key of the local store sorts below.
+
+    A time-ordered table is a queue: fired timers are deleted from its front, and RocksDB
+    keeps their tombstones until compaction. A scan from the first key steps over all of
+    them: 8 ms per seek with 190k tombstones, measured. Seeking from the floor skips them.
+    Every write that can add a key lowers the floor (our puts and every changelog batch a
+    restore or standby applies); a scan raises it to the first live key it finds.
+    """
+
+    def __init__(self) -> None:
+        self._floor: dict[int, bytes] = {}
+
+    def get(self, partition: int) -> bytes | None:
+        return self._floor.get(partition)
+
+    def lower(self, partition: int, key: bytes) -> None:
+        current = self._floor.get(partition)
+        if current is not None and key < current:
+            self._floor[partition] = key
+
+    def reset(self) -> None:
+        self._floor.clear()
+
+    def raise_to(self, partition: int, key: bytes) -> None:
+        """Nothing live sorts below `key`: the caller just scanned up to it."""
+        current = self._floor.get(partition)
+        if current is None or key > current:
+            self._floor[partition] = key
 
 
 class FencedTable(faust.Table[Any, Any]):
     """A table whose changelog is judged by owner epoch on every replay."""
 
-    def __init__(self, *args: Any, epoch: Callable[[], int], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, epoch: Callable[[], int],
+                 changelog: ChangelogProducer | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch = epoch
+        # Set: writes go out through librdkafka (see streams.changelog); None: Faust's path.
+        self._changelog = changelog
+        self._changelog_name: str | None = None
         self.fence = EpochFence()
+        self.floor = KeyFloor()
+
+    def on_key_set(self, key: Any, value: Any) -> None:
+        super().on_key_set(key, value)
+        if isinstance(key, bytes):
+            event = faust.current_event()
+            if event is not None:
+                self.floor.lower(event.message.partition, key)
 
     def send_changelog(self, partition: int | None, key: Any, value: Any,
                        key_serializer: Any = None, value_serializer: Any = None) -> Any:
@@ -31,18 +75,46 @@ class FencedTable(faust.Table[Any, Any]):
             # Our own writes raise the mark too: a replaced owner's late write after them
             # must lose to them when this process later replays the partition.
             self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
+        headers = [(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None
+        if self._changelog is not None and partition is not None:
+            # Keys and values are raw bytes (a delete is a None value): nothing to serialise.
+            if self._changelog_name is None:
+                self._changelog_name = self.changelog_topic.get_topic_name()
+            return self._changelog.produce(self._changelog_name, partition, key, value,
+                                           headers)
         return self.changelog_topic.send_soon(
-            key=key, value=value, partition=partition,
-            headers=[(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None,
+            key=key, value=value, partition=partition, headers=headers,
             key_serializer=key_serializer or self.key_serializer,
             value_serializer=value_serializer or self.value_serializer,
             callback=self._on_changelog_sent, eager_partitioning=True)
+
+    def write(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> None:
+        """A state write without Faust's per-record table machinery: the changelog record
+        (through librdkafka), then the partition's RocksDB. Reads of the same partition
+        see it at once; the key floor learns of a new key."""
+        assert self._changelog is not None, "direct writes need the librdkafka changelog"
+        if epoch > 0:
+            self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
+        if self._changelog_name is None:
+            self._changelog_name = self.changelog_topic.get_topic_name()
+        self._changelog.produce(self._changelog_name, partition, key, value,
+                                [(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None)
+        store: Any = self.data  # the RocksDB store: one rocksdict per partition
+        db = store._db_for_partition(partition)
+        if value is None:
+            db.delete(key)
+        else:
+            db.put(key, value)
+            self.floor.lower(partition, key)
 
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
         events = list(batch)
         admitted = [e for e in events if self.fence.admit(
             e.message.partition, epoch_of_headers(e.message.headers),
             int((e.message.timestamp or 0) * 1000))]
+        for e in admitted:
+            if e.message.value is not None and isinstance(e.message.key, bytes):
+                self.floor.lower(e.message.partition, e.message.key)
         super().apply_changelog_batch(admitted)
         if len(admitted) != len(events):
             # Skipped writes still count as read, or the next start would read them again.

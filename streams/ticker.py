@@ -25,6 +25,7 @@ log = logging.getLogger("kron.ticker")
 RESEND_S = 5.0
 # Even with no notification, re-read the durable index this often.
 RESCAN_S = 0.5
+FLOOR_RESET_S = 10.0
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -56,14 +57,14 @@ class Ticker:
                                  _due_of(first_timer_key(self._engine.timers, partition)))
         self._wake.set()
 
-    def _owned(self) -> set[int]:
+    def _owned(self) -> frozenset[int]:
         # Outside the lease we may not be the owner any more: the new one ticks. Watching
         # starts here too, as a worker with timers but no commands gets no other event.
         lease = self._engine.lease
         lease.watch(self._engine.coordinator())
-        return self._engine.owned_partitions() if lease.valid() else set()
+        return self._engine.owned_partitions() if lease.valid() else frozenset()
 
-    def _rescan(self, owned: set[int]) -> None:
+    def _rescan(self, owned: frozenset[int]) -> None:
         for p in list(self._next):
             if p not in owned:
                 del self._next[p]
@@ -82,10 +83,18 @@ class Ticker:
 
     async def _loop(self) -> None:
         clock = self._engine.clock
-        last_scan = 0.0
+        last_scan = last_reset = 0.0
         while True:
             mono = clock.monotonic()
             owned = self._owned()
+            if mono - last_reset >= FLOOR_RESET_S:
+                # The timer scans seek from a key floor (streams.tables.KeyFloor); now and
+                # then scan from the first key instead, so a floor that is ever wrong costs
+                # at most this long, not a silent partition.
+                floor = getattr(self._engine.timers, "floor", None)
+                if floor is not None:
+                    floor.reset()
+                last_reset = mono
             if mono - last_scan >= RESCAN_S:
                 self._rescan(owned)
                 last_scan = mono

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 Record = dict[str, Any]
 
+TERMINAL = frozenset({"succeeded", "failed", "skipped", "missed", "cancelled"})
+
 
 class PartitionStore(Protocol):
     """One partition's state. Every method is synchronous: the core never awaits."""
@@ -28,6 +30,14 @@ class PartitionStore(Protocol):
     def put_timer(self, key: bytes, value: bytes) -> None: ...
 
     def delete_timer(self, key: bytes) -> None: ...
+
+    def known_terminal(self, exec_id: str) -> bool:
+        """True if the execution is known to be in a terminal state without decoding it.
+
+        A hint: False means "look it up". Terminal states never change, so a memo of them
+        never goes stale.
+        """
+        ...
 
     def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         """Timers whose key sorts below `upper`, in key (so due-time) order."""
@@ -69,6 +79,10 @@ class MemoryStore:
         if key not in self.timers:
             bisect.insort(self._keys, key)
         self.timers[key] = value
+
+    def known_terminal(self, exec_id: str) -> bool:
+        ex = self.executions.get(exec_id)
+        return ex is not None and ex["state"] in TERMINAL
 
     def delete_timer(self, key: bytes) -> None:
         if self.timers.pop(key, None) is not None:

@@ -143,3 +143,51 @@ def test_head_and_hole_helpers() -> None:
     assert not has_hole(head=4, committed=4)
     assert not has_hole(head=5, committed=None)
     assert not has_hole(head=None, committed=4)
+
+
+def test_offsets_are_committed_only_after_the_state_writes_are_acked() -> None:
+    order: list[str] = []
+    acked = asyncio.Event()
+
+    async def commit(offsets: Any) -> bool:
+        order.append(f"commit {offsets}")
+        return True
+
+    async def writes_acked() -> None:
+        await acked.wait()
+        order.append("writes acked")
+
+    async def scenario() -> None:
+        consumer = BookkeepingConsumer({SRC: 27})
+        consumer._commit = commit  # type: ignore[attr-defined]
+        CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=Clock(),
+                    before_commit=writes_acked).install()
+        pending = asyncio.ensure_future(consumer._commit({SRC: 30}))  # type: ignore[attr-defined]
+        await asyncio.sleep(0.01)
+        assert order == []  # held while writes are unacknowledged
+        acked.set()
+        assert await pending is True
+        assert order == ["writes acked", f"commit { {SRC: 30} }"]
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_state_write_keeps_the_offsets_uncommitted() -> None:
+    committed: list[Any] = []
+
+    async def commit(offsets: Any) -> bool:
+        committed.append(offsets)
+        return True
+
+    async def write_failed() -> None:
+        raise RuntimeError("changelog write failed: broker away")
+
+    async def scenario() -> bool:
+        consumer = BookkeepingConsumer({SRC: 27})
+        consumer._commit = commit  # type: ignore[attr-defined]
+        CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=Clock(),
+                    before_commit=write_failed).install()
+        return bool(await consumer._commit({SRC: 30}))  # type: ignore[attr-defined]
+
+    assert asyncio.run(scenario()) is False
+    assert committed == []

@@ -129,6 +129,7 @@ class Engine:
         self._guard_commits()
         self.app.task(self._on_start)
         self.app.on_before_shutdown.connect(self._on_shutdown)
+        self.app.on_partitions_revoked.connect(self._on_revoked)
         self.app.timer(settings.stats_every_s)(self._log_stats)
 
     def _build_app(self) -> faust.App:
@@ -189,6 +190,17 @@ class Engine:
         await self.changelog.close()
         localstate.mark_clean(self.settings.data_dir)
         log.info("local state marked clean", extra={"worker": self.settings.worker_id})
+
+    async def _on_revoked(self, app: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
+        """Hand partitions over only with their state writes acknowledged: the next owner
+        restores up to the changelog's end as it finds it, and a write of ours landing
+        after that would be in Kafka but missing from its tables."""
+        try:
+            await asyncio.wait_for(self.changelog.flush(),
+                                   self.settings.session_timeout_s / 2)
+        except Exception as exc:  # a failed write restarts us (on_fatal); keep rebalancing
+            log.warning("state writes not acknowledged before a revoke: %r", exc,
+                        extra={"worker": self.settings.worker_id})
 
     async def _log_stats(self) -> None:
         """The figures an operator looks at first, as one structured line."""

@@ -61,6 +61,13 @@ class FencedTable(faust.Table[Any, Any]):
         self.fence = EpochFence()
         self.floor = KeyFloor()
 
+    async def on_rebalance(self, assigned: Any, revoked: Any, newly_assigned: Any,
+                           generation_id: int = 0) -> None:
+        # A partition coming back may hold keys another owner wrote meanwhile; start its
+        # scans from the first key again rather than trust a floor from before.
+        self.floor.reset()
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+
     def on_key_set(self, key: Any, value: Any) -> None:
         super().on_key_set(key, value)
         if isinstance(key, bytes):

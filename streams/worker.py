@@ -36,10 +36,30 @@ def run_worker(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
     localstate.prepare(settings.data_dir, Path(engine.app.conf.tabledir))
+    _restore_missing_stores(settings, engine)
     worker = _bounded_stop_worker_class()(
         engine.app, loglevel=settings.log_level.lower(), logfile=None, quiet=True,
         redirect_stdouts=False, override_logging=False)  # keep the JSON log handler
     worker.execute_from_commandline()
+
+
+def _restore_missing_stores(settings: Settings, engine: Any) -> None:
+    """Before Faust starts: a cold start reads the changelogs in bulk (streams.restore)."""
+    import rocksdict
+
+    from kron.kafka_security import confluent_config
+    from streams.restore import StoreSpec, restore_missing
+
+    specs = []
+    for table in (engine.jobs, engine.executions, engine.timers):
+        store = table.data  # Faust's store object: same paths and options as Faust opens
+        specs.append(StoreSpec(name=table.name, topic=settings.topic(table.name),
+                               path_of=store.partition_path,
+                               open_db=store.rocksdb_options.open, fence=table.fence))
+    restore_missing(specs, partitions=settings.partitions, batch_module=rocksdict,
+                    consumer_config=confluent_config(settings, {
+                        "group.id": f"{settings.app_id}-restore",
+                        "client.id": f"kron-{settings.worker_id}-restore"}))
 
 
 def _bounded_stop_worker_class() -> Any:

@@ -8,7 +8,6 @@ import time
 import pytest
 import rocksdict
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from faust.stores.rocksdb import RocksDBOptions, Store
 
 from streams.domain.fencing import EPOCH_HEADER, EpochFence
@@ -21,9 +20,7 @@ pytestmark = pytest.mark.integration
 def test_restore_fills_missing_stores_as_faust_would(kafka_cluster, tmp_path) -> None:
     settings = fresh_settings(kafka_cluster, tmp_path / "d", partitions=2)
     topic = settings.topic("jobs")
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": "compact"})])[
-        topic].result(30)
+    # fresh_settings created kron's topics: jobs is compacted, with 2 partitions here.
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
     now = int(time.time() * 1000)
 

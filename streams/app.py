@@ -154,7 +154,10 @@ class Engine:
             producer_acks=-1,
             producer_linger_ms=5,
             stream_buffer_maxsize=4096,
-            broker_commit_every=1000,
+            # Commits wait for the changelog acks (streams.commits). Faust's count-based
+            # commit runs inside its fetch loop and would stall it on that wait; the
+            # interval commit runs in its own task.
+            broker_commit_every=10_000_000,
             broker_commit_interval=1.0,
             processing_guarantee="at_least_once",
             logging_config=None,

@@ -110,10 +110,22 @@ class CommitGuard:
             log.warning("records %s..%s of %s[%s] were skipped; reading them again",
                         committed, head - 1 if head is not None else None, tp.topic,
                         tp.partition)
-            task = asyncio.ensure_future(consumer.seek(tp, committed))
+            task = asyncio.ensure_future(self._read_again(tp, committed))
             self._seeks.add(task)
             task.add_done_callback(self._seek_done)
         return True
+
+    async def _read_again(self, tp: Any, committed: int) -> None:
+        consumer = self._consumer
+        earliest = (await consumer.earliest_offsets(tp)).get(tp)
+        if earliest is not None and earliest > committed:
+            # Retention deleted them (the group was away longer than the topic keeps
+            # records): nothing is left to read, and waiting would stall commits for good.
+            log.warning("records %s..%s of %s[%s] are gone (retention); committing from %s",
+                        committed, earliest - 1, tp.topic, tp.partition, earliest)
+            consumer._committed_offset[tp] = earliest
+            return
+        await consumer.seek(tp, committed)
 
     def _seek_done(self, task: asyncio.Task[Any]) -> None:
         self._seeks.discard(task)

@@ -28,6 +28,7 @@ class BookkeepingConsumer:
         self._gap: defaultdict[TP, IntervalTree] = defaultdict(IntervalTree)
         self._committed_offset: dict[TP, int | None] = dict(committed)
         self.seeks: list[tuple[TP, int]] = []
+        self.log_start = 0
 
     def _new_offset(self, tp: TP) -> int | None:
         return Consumer._new_offset(self, tp)  # type: ignore[arg-type]
@@ -45,6 +46,9 @@ class BookkeepingConsumer:
 
     async def seek(self, tp: TP, offset: int) -> None:
         self.seeks.append((tp, offset))
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        return {tp: self.log_start for tp in tps}
 
 
 class Clock:
@@ -191,3 +195,19 @@ def test_a_failed_state_write_keeps_the_offsets_uncommitted() -> None:
 
     assert asyncio.run(scenario()) is False
     assert committed == []
+
+
+def test_records_gone_by_retention_move_the_commit_base_instead_of_stalling() -> None:
+    async def scenario() -> None:
+        consumer, guard, _ = guarded({SRC: 27})
+        consumer.log_start = 40  # the group was away longer than the topic's retention
+        consumer.ack(SRC, 40, 41)
+        assert consumer._new_offset(SRC) is None
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert consumer.seeks == []  # nothing to read again
+        assert consumer._committed_offset[SRC] == 40
+        assert consumer._new_offset(SRC) == 42
+        assert guard.holes == 1
+
+    asyncio.run(scenario())

@@ -168,7 +168,9 @@ class Engine:
         self.commit_guard = CommitGuard(
             consumer=self.app.consumer, monotonic=self.clock.monotonic,
             sources={self.settings.topic("commands"), self.settings.topic("signals")},
-            before_commit=self.changelog.flush)
+            before_commit=self.changelog.flush,
+            before_commit_timeout_s=self.settings.session_timeout_s / 2,
+            generation=self.epoch)
         self.commit_guard.install()
 
     # --- lifecycle ---------------------------------------------------------------------------

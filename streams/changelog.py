@@ -94,7 +94,10 @@ class ChangelogProducer:
                                  headers=cast(_Headers, headers), on_delivery=self._delivered)
                 break
             except BufferError:  # a million writes unsent: the broker is away or slow
-                producer.poll(0.05)
+                # Acks served here, on the loop's thread, must settle waiters too: the
+                # poller thread may see nothing more to signal.
+                if producer.poll(0.05):
+                    self._settle()
         tp = (topic, partition)
         self._produced[tp] = self._produced.get(tp, 0) + 1
         self.writes += 1

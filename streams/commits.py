@@ -38,15 +38,22 @@ def head_offset(acked: Iterable[int], gaps: Iterable[Any]) -> int | None:
 
 
 def has_hole(*, head: int | None, committed: int | None) -> bool:
-    """Is a record between the committed offset (the next to read) and `head` missing?"""
-    return head is not None and committed is not None and head > committed
+    """Is a record between the committed offset (the next to read) and `head` missing?
+    Faust records a committed 0 and "never committed" both as None: the log's start."""
+    return head is not None and head > (committed or 0)
 
 
 class CommitGuard:
     def __init__(self, *, consumer: Any, sources: set[str], monotonic: Any,
-                 before_commit: Callable[[], Awaitable[None]] | None = None) -> None:
+                 before_commit: Callable[[], Awaitable[None]] | None = None,
+                 before_commit_timeout_s: float = 5.0,
+                 generation: Callable[[], int] = lambda: 0) -> None:
         self._consumer = consumer
         self._before_commit = before_commit
+        # A commit during a revoke runs inside the rebalance: it must not wait longer than
+        # the group's patience. Skipping one is safe, the next one covers the same writes.
+        self._before_commit_timeout_s = before_commit_timeout_s
+        self._generation = generation
         self._sources = sources
         self._monotonic = monotonic
         self._sought: dict[Any, float] = {}
@@ -64,8 +71,18 @@ class CommitGuard:
         def guarded_new_offset(tp: Any) -> int | None:
             return None if self._hole(tp) else new_offset(tp)
 
+        add_gap = consumer._add_gap
+
+        async def guarded_add_gap(tp: Any, offset_from: int, offset_to: int) -> None:
+            # Source topics are neither compacted nor transactional, so a jump in their
+            # offsets is never a real gap: it is a record delivered from a fetch made before
+            # a seek back. Counting the jump as done would commit over the records sought.
+            if tp.topic not in self._sources:
+                await add_gap(tp, offset_from, offset_to)
+
         consumer.perform_seek = perform_seek
         consumer._new_offset = guarded_new_offset
+        consumer._add_gap = guarded_add_gap
         if self._before_commit is not None:
             consumer._commit = self._durable_first(consumer._commit)
 
@@ -79,7 +96,7 @@ class CommitGuard:
 
         async def commit_when_durable(offsets: Any) -> bool:
             try:
-                await before()
+                await asyncio.wait_for(before(), self._before_commit_timeout_s)
             except Exception as exc:  # not durable: keep the offsets, the records are re-read
                 log.warning("commit skipped: state writes not acknowledged (%s)", exc)
                 return False
@@ -110,14 +127,18 @@ class CommitGuard:
             log.warning("records %s..%s of %s[%s] were skipped; reading them again",
                         committed, head - 1 if head is not None else None, tp.topic,
                         tp.partition)
-            task = asyncio.ensure_future(self._read_again(tp, committed))
+            task = asyncio.ensure_future(
+                self._read_again(tp, committed or 0, self._generation()))
             self._seeks.add(task)
             task.add_done_callback(self._seek_done)
         return True
 
-    async def _read_again(self, tp: Any, committed: int) -> None:
+    async def _read_again(self, tp: Any, committed: int, generation: int) -> None:
         consumer = self._consumer
         earliest = (await consumer.earliest_offsets(tp)).get(tp)
+        if (generation != self._generation() or tp not in consumer.assignment()
+                or (consumer._committed_offset.get(tp) or 0) != committed):
+            return  # a rebalance came in between: Faust has sought to the committed offset
         if earliest is not None and earliest > committed:
             # Retention deleted them (the group was away longer than the topic keeps
             # records): nothing is left to read, and waiting would stall commits for good.

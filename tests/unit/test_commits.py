@@ -33,6 +33,9 @@ class BookkeepingConsumer:
     def _new_offset(self, tp: TP) -> int | None:
         return Consumer._new_offset(self, tp)  # type: ignore[arg-type]
 
+    async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        await Consumer._add_gap(self, tp, offset_from, offset_to)  # type: ignore[arg-type]
+
     def ack(self, tp: TP, *offsets: int) -> None:
         for o in offsets:
             self._acked[tp].append(o)
@@ -59,9 +62,12 @@ class Clock:
         return self.t
 
 
-def guarded(committed: dict[TP, int | None]) -> tuple[BookkeepingConsumer, CommitGuard, Clock]:
+def guarded(committed: dict[TP, int | None], generation: list[int] | None = None,
+            ) -> tuple[BookkeepingConsumer, CommitGuard, Clock]:
     consumer, clock = BookkeepingConsumer(committed), Clock()
-    guard = CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=clock)
+    gen = generation or [1]
+    guard = CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=clock,
+                        generation=lambda: gen[0])
     guard.install()
     return consumer, guard, clock
 
@@ -145,7 +151,8 @@ def test_head_and_hole_helpers() -> None:
     assert head_offset([], []) is None
     assert has_hole(head=5, committed=4)
     assert not has_hole(head=4, committed=4)
-    assert not has_hole(head=5, committed=None)
+    assert has_hole(head=5, committed=None)  # never committed: the log starts at 0
+    assert not has_hole(head=0, committed=None)
     assert not has_hole(head=None, committed=4)
 
 
@@ -211,3 +218,59 @@ def test_records_gone_by_retention_move_the_commit_base_instead_of_stalling() ->
         assert guard.holes == 1
 
     asyncio.run(scenario())
+
+
+def test_a_jump_in_a_source_topic_is_not_a_gap() -> None:
+    """A record from a fetch made before a seek back arrives after it: Faust would count the
+    jump as a gap (done), and the commit would cover the records sought."""
+    async def scenario() -> None:
+        consumer, _, _ = guarded({SRC: 100, OTHER: 100})
+        await consumer._add_gap(SRC, 101, 161)
+        await consumer._add_gap(OTHER, 101, 161)  # a compacted changelog: a real gap
+        assert not consumer._gap[SRC] and consumer._gap[OTHER]
+        consumer.ack(SRC, 100, 161)
+        assert consumer._new_offset(SRC) == 101  # not 162
+
+    asyncio.run(scenario())
+
+
+def test_a_hole_in_a_never_committed_partition_is_read_again_from_the_start() -> None:
+    async def scenario() -> None:
+        consumer, guard, _ = guarded({SRC: None})
+        consumer.ack(SRC, 5, 6)
+        assert consumer._new_offset(SRC) is None
+        await asyncio.sleep(0)
+        assert consumer.seeks == [(SRC, 0)] and guard.holes == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_rebalance_during_the_seek_back_leaves_faust_in_charge() -> None:
+    async def scenario() -> None:
+        generation = [1]
+        consumer, _, _ = guarded({SRC: 27}, generation)
+        consumer.ack(SRC, 28)
+        assert consumer._new_offset(SRC) is None  # schedules the seek back
+        generation[0] = 2  # before it runs, a rebalance: Faust seeks to committed itself
+        await asyncio.sleep(0)
+        assert consumer.seeks == []
+
+    asyncio.run(scenario())
+
+
+def test_a_commit_does_not_wait_for_acks_longer_than_its_timeout() -> None:
+    async def commit(offsets: Any) -> bool:
+        raise AssertionError("committed without durable writes")
+
+    async def never_acked() -> None:
+        await asyncio.sleep(3600)
+
+    async def scenario() -> bool:
+        consumer = BookkeepingConsumer({SRC: 27})
+        consumer._commit = commit  # type: ignore[attr-defined]
+        CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=Clock(),
+                    before_commit=never_acked, before_commit_timeout_s=0.05).install()
+        return bool(await asyncio.wait_for(
+            consumer._commit({SRC: 30}), 5))  # type: ignore[attr-defined]
+
+    assert asyncio.run(scenario()) is False

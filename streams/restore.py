@@ -32,6 +32,7 @@ log = logging.getLogger("kron.restore")
 OFFSET_KEY = b"__faust\x00offset__"
 BATCH = 10_000
 PROGRESS_EVERY_S = 5.0
+WATERMARK_DEADLINE_S = 60.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,7 +85,7 @@ def _restore_table(spec: StoreSpec, missing: list[int], consumer_config: dict[st
         ends: dict[int, int] = {}
         starts: list[TopicPartition] = []
         for p in missing:
-            low, high = consumer.get_watermark_offsets(TopicPartition(spec.topic, p), timeout=30)
+            low, high = _watermarks(consumer, TopicPartition(spec.topic, p))
             path = spec.path_of(p)
             path.parent.mkdir(parents=True, exist_ok=True)
             dbs[p] = spec.open_db(path)  # created even when empty: nothing to read
@@ -102,6 +103,25 @@ def _restore_table(spec: StoreSpec, missing: list[int], consumer_config: dict[st
             db.close()
 
 
+def _watermarks(consumer: Consumer, tp: TopicPartition,
+                deadline_s: float = WATERMARK_DEADLINE_S) -> tuple[int, int]:
+    """A new topic or a leader election answers "not leader" for a while: retry those."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            return low, high
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retriable = isinstance(err, KafkaError) and (err.retriable() or err.code() in (
+                KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT,
+                KafkaError._TIMED_OUT))
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _drain(spec: StoreSpec, consumer: Consumer, ends: dict[int, int], dbs: dict[int, Any],
            batch_module: Any, report: RestoreReport) -> int:
     remaining = dict(ends)  # partition -> high watermark still to reach
@@ -113,11 +133,12 @@ def _drain(spec: StoreSpec, consumer: Consumer, ends: dict[int, int], dbs: dict[
         for msg in consumer.consume(BATCH, timeout=1.0):
             err, p, offset = msg.error(), msg.partition(), msg.offset()
             if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if p is not None:
+                        remaining.pop(p, None)
+                elif err.fatal() or not err.retriable():
                     raise KafkaException(err)
-                if p is not None:
-                    remaining.pop(p, None)
-                continue
+                continue  # librdkafka retries transport errors and leader changes itself
             if p is None or offset is None:
                 continue  # a data message always has both
             last[p] = offset

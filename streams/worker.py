@@ -56,10 +56,16 @@ def _restore_missing_stores(settings: Settings, engine: Any) -> None:
         specs.append(StoreSpec(name=table.name, topic=settings.topic(table.name),
                                path_of=store.partition_path,
                                open_db=store.rocksdb_options.open, fence=table.fence))
-    restore_missing(specs, partitions=settings.partitions, batch_module=rocksdict,
-                    consumer_config=confluent_config(settings, {
-                        "group.id": f"{settings.app_id}-restore",
-                        "client.id": f"kron-{settings.worker_id}-restore"}))
+    try:
+        restore_missing(specs, partitions=settings.partitions, batch_module=rocksdict,
+                        consumer_config=confluent_config(settings, {
+                            "group.id": f"{settings.app_id}-restore",
+                            "client.id": f"kron-{settings.worker_id}-restore"}))
+    except Exception:
+        # Only a shortcut: every batch wrote its records and offset atomically, so Faust's
+        # own recovery continues from what is there (or from the start).
+        logging.getLogger("kron.restore").warning(
+            "bulk restore failed; Faust's recovery restores the rest", exc_info=True)
 
 
 def _bounded_stop_worker_class() -> Any:

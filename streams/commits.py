@@ -9,13 +9,11 @@ faust-streaming 0.15 can lose a record at a rebalance in two ways, both seen in 
    (`min(acked) - committed > 1`), so exactly one skipped record is committed over and never
    read again (the broker-restart fault test lost one acknowledged create this way).
 
-The guard also commits only after `before_commit` (the engine's wait for its own state
-writes) returns.
-
 The guard keeps the commit contiguous: when the lowest acked offset of a source partition is
 above its committed offset, a record at the head was skipped. Nothing is committed for that
 partition and it is sought back to the committed offset, so the skipped records are read
-again; the handlers are idempotent, so re-reading the rest is harmless.
+again; the handlers are idempotent, so re-reading the rest is harmless. It also commits only
+after `before_commit` (the engine's wait for its own state writes) returns.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,8 @@ def _drain(spec: StoreSpec, consumer: Consumer, ends: dict[int, int], dbs: dict[
     read = 0
     last_log = time.monotonic()
     while remaining:
-        batches: dict[int, Any] = {}
+        batches: defaultdict[int, Any] = defaultdict(
+            lambda: batch_module.WriteBatch(raw_mode=True))
         last: dict[int, int] = {}
         for msg in consumer.consume(BATCH, timeout=1.0):
             err, p, offset = msg.error(), msg.partition(), msg.offset()
@@ -149,18 +151,13 @@ def _drain(spec: StoreSpec, consumer: Consumer, ends: dict[int, int], dbs: dict[
             if not spec.fence.admit(p, epoch_of_headers(msg.headers()), ts):
                 report.rejected += 1
                 continue
-            batch = batches.get(p)
-            if batch is None:
-                batch = batches[p] = batch_module.WriteBatch(raw_mode=True)
             value = msg.value()
             if value is None:
-                batch.delete(msg.key())
+                batches[p].delete(msg.key())
             else:
-                batch.put(msg.key(), value)
+                batches[p].put(msg.key(), value)
         for p, offset in last.items():
-            batch = batches.get(p)
-            if batch is None:
-                batch = batches[p] = batch_module.WriteBatch(raw_mode=True)
+            batch = batches[p]
             batch.put(OFFSET_KEY, str(offset).encode())  # with the data: one atomic write
             dbs[p].write(batch)
         if time.monotonic() - last_log >= PROGRESS_EVERY_S:

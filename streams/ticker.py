@@ -25,7 +25,6 @@ log = logging.getLogger("kron.ticker")
 RESEND_S = 5.0
 # Even with no notification, re-read the durable index this often.
 RESCAN_S = 0.5
-FLOOR_RESET_S = 10.0
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -83,18 +82,10 @@ class Ticker:
 
     async def _loop(self) -> None:
         clock = self._engine.clock
-        last_scan = last_reset = 0.0
+        last_scan = 0.0
         while True:
             mono = clock.monotonic()
             owned = self._owned()
-            if mono - last_reset >= FLOOR_RESET_S:
-                # The timer scans seek from a key floor (streams.tables.KeyFloor); now and
-                # then scan from the first key instead, so a floor that is ever wrong costs
-                # at most this long, not a silent partition.
-                floor = getattr(self._engine.timers, "floor", None)
-                if floor is not None:
-                    floor.reset()
-                last_reset = mono
             if mono - last_scan >= RESCAN_S:
                 self._rescan(owned)
                 last_scan = mono

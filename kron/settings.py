@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     # A slot found later than this is judged by its job's misfire policy. Longer than a
     # failover (session timeout + recovery), so a takeover runs the dead owner's late slots.
     misfire_grace_s: float = Field(default=60.0, ge=1, le=86_400)
+    # Decide eligible slots (one-offs, overlap=allow) up to this long before they are due
+    # and hold the call until then, so a spike's decisions are made ahead of it. 0 is off.
+    # Every owner must use the same value: it is an input of every tick's decisions.
+    fire_ahead_s: float = Field(default=0.0, ge=0, le=10)
     # Local state (RocksDB tables, projections) lives here; two workers need two dirs.
     data_dir: Path = Path(".kron/data")
     # API

@@ -214,6 +214,7 @@ class Engine:
             "worker": self.settings.worker_id, "commands": st.commands, "ticks": st.ticks,
             "reports": st.reports, "dispatched": st.dispatched,
             "completed": self.executor.completed, "backlog": self.executor.backlog,
+            "held": self.executor.held,
             "dead_letters": st.dead_letters, "ticks_sent": self.ticker.sent,
             "flushes": self.barrier.flushes, "result_batches": self.results.batches,
             "changelog_writes": self.changelog.writes, "fenced": self.executor.fenced,
@@ -358,7 +359,8 @@ class Engine:
         ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
                       causation_id=rec["envelope"]["event_id"],
                       worker=self.settings.worker_id, epoch=epoch,
-                      misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
+                      misfire_grace_ms=int(self.settings.misfire_grace_s * 1000),
+                      fire_ahead_ms=int(self.settings.fire_ahead_s * 1000))
         return PartitionCore(store, self.plans), ctx
 
     async def _tick(self, msg: Any, rec: dict[str, Any]) -> None:

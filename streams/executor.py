@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -100,6 +102,12 @@ class Executor:
         self._concurrency = concurrency
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: dict[str, asyncio.Task[Outcome]] = {}
+        # Attempts decided ahead of their slot, by release time (monotonic); cancelled ones
+        # leave `_held_ids` and are dropped when their turn comes.
+        self._held: list[tuple[float, int, Job]] = []
+        self._held_ids: dict[str, Job] = {}
+        self._held_seq = itertools.count()
+        self._release_at: asyncio.TimerHandle | None = None
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
         self.fenced = 0
@@ -108,6 +116,11 @@ class Executor:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._concurrency)]
 
     async def stop(self) -> None:
+        # Held attempts are not called: their leases run out and the next owner retries them.
+        if self._release_at is not None:
+            self._release_at.cancel()
+        self._held.clear()
+        self._held_ids.clear()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -115,11 +128,40 @@ class Executor:
                 await task
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
-        deadline = self._clock.monotonic() + dispatch.lease_s
-        self._queue.put(dispatch.tenant, Job(dispatch=dispatch, partition=partition,
-                                             lease_deadline=deadline))
+        mono = self._clock.monotonic()
+        hold_s = max(0.0, (dispatch.not_before_ms - self._clock.now_ms()) / 1000)
+        job = Job(dispatch=dispatch, partition=partition,
+                  lease_deadline=mono + hold_s + dispatch.lease_s)
+        if hold_s <= 0:
+            self._queue.put(dispatch.tenant, job)
+            return
+        heapq.heappush(self._held, (mono + hold_s, next(self._held_seq), job))
+        self._held_ids[dispatch.exec_id] = job
+        if self._held[0][2] is job:
+            self._schedule_release()
+
+    def _schedule_release(self) -> None:
+        if self._release_at is not None:
+            self._release_at.cancel()
+        delay = max(0.0, self._held[0][0] - self._clock.monotonic())
+        self._release_at = asyncio.get_running_loop().call_later(delay, self._release)
+
+    def _release(self) -> None:
+        """Queue every held attempt whose due time has come."""
+        self._release_at = None
+        now = self._clock.monotonic()
+        while self._held and self._held[0][0] <= now:
+            _, _, job = heapq.heappop(self._held)
+            exec_id = job.dispatch.exec_id
+            if self._held_ids.get(exec_id) is job:
+                del self._held_ids[exec_id]
+                self._queue.put(job.dispatch.tenant, job)
+        if self._held:
+            self._schedule_release()
 
     def cancel(self, exec_id: str) -> None:
+        if self._held_ids.pop(exec_id, None) is not None:
+            return  # not called yet, and now never
         task = self._inflight.get(exec_id)
         if task is not None:
             task.cancel()
@@ -127,6 +169,11 @@ class Executor:
     @property
     def backlog(self) -> int:
         return self._queue.size
+
+    @property
+    def held(self) -> int:
+        """Attempts decided ahead, waiting for their due time."""
+        return len(self._held_ids)
 
     async def _loop(self) -> None:
         while True:
@@ -156,6 +203,9 @@ class Executor:
             log.warning("attempt not dispatched: partition %s is no longer ours",
                         job.partition, extra={"exec_id": d.exec_id})
             return
+        early_ms = d.not_before_ms - self._clock.now_ms()
+        if early_ms > 0:  # the release timer and the wall clock disagree by a hair
+            await asyncio.sleep(early_ms / 1000)
         started = self._clock.now_ms()
         target = d.target
         host = (urlsplit(target["url"]).hostname or "") if "url" in target else ""

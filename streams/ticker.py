@@ -4,6 +4,12 @@ It keeps, per owned partition, the due time of the earliest durable timer (one R
 seek) and sleeps until the soonest one. The agent tells it when a write adds an earlier
 timer and when a tick has been processed. The tick carries the ticker's clock reading;
 the agent fires with that time, so firing is a pure function of the event and the state.
+
+With fire-ahead on, a tick also decides the eligible slots due within the next
+`fire_ahead_s`. The ticker then also watches, per partition, the earliest timer past the
+window the last tick decided, and sends a tick when it enters the window: at most every
+AHEAD_EVERY_S, as timers left in the window (leases, other overlap policies) are read
+again by each tick.
 """
 
 from __future__ import annotations
@@ -11,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from schemas import codec
-from streams.engine.faust_store import first_timer_key
+from streams.engine.faust_store import first_timer_after, first_timer_key
 
 if TYPE_CHECKING:
     from streams.app import Engine
@@ -25,6 +31,8 @@ log = logging.getLogger("kron.ticker")
 RESEND_S = 5.0
 # Even with no notification, re-read the durable index this often.
 RESCAN_S = 0.5
+# Ticks sent only to decide ahead go out at most this often per partition.
+AHEAD_EVERY_S = 0.1
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -34,7 +42,16 @@ def _due_of(key: bytes | None) -> int | None:
 class Ticker:
     def __init__(self, *, engine: Engine) -> None:
         self._engine = engine
+        self._ahead_ms = int(engine.settings.fire_ahead_s * 1000)
         self._next: dict[int, int | None] = {}
+        # Fire-ahead, per partition: every eligible timer due by `_decided` was decided;
+        # `_early` is the first timer due after that; `_window` the end of the window the
+        # outstanding tick decides; `_low` the earliest timer written since it was sent.
+        self._decided: dict[int, int] = {}
+        self._early: dict[int, int | None] = {}
+        self._window: dict[int, int] = {}
+        self._low: dict[int, int] = {}
+        self._early_sent: dict[int, float] = {}
         self._outstanding: dict[int, float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -45,16 +62,42 @@ class Ticker:
 
     def timer_added(self, partition: int, key: bytes) -> None:
         due = _due_of(key)
+        if due is None:
+            return
         current = self._next.get(partition)
-        if due is not None and (current is None or due < current):
+        if current is None or due < current:
             self._next[partition] = due
+            self._wake.set()
+        if self._ahead_ms:
+            self._timer_added_ahead(partition, due)
+
+    def _timer_added_ahead(self, p: int, due: int) -> None:
+        # Inside the decided window (a new one-off, a cron's next slot): look again.
+        if due <= self._decided.get(p, -1):
+            self._decided[p] = due - 1
+        if p in self._window:
+            self._low[p] = min(self._low.get(p, due), due)
+        early = self._early.get(p)
+        if early is None or due < early:
+            self._early[p] = due
             self._wake.set()
 
     def ticked(self, partition: int, *, more: bool) -> None:
         self._outstanding.pop(partition, None)
         self._next[partition] = (0 if more else
                                  _due_of(first_timer_key(self._engine.timers, partition)))
+        if self._ahead_ms:
+            window = self._window.pop(partition, None)
+            low = self._low.pop(partition, None)
+            if window is not None and not more:
+                # The tick's scan did not see timers written while it ran.
+                self._decided[partition] = window if low is None else min(window, low - 1)
+            self._early[partition] = self._first_undecided(partition)
         self._wake.set()
+
+    def _first_undecided(self, partition: int) -> int | None:
+        after = self._decided.get(partition, -1)
+        return _due_of(first_timer_after(self._engine.timers, partition, after))
 
     def _owned(self) -> frozenset[int]:
         # Outside the lease we may not be the owner any more: the new one ticks. Watching
@@ -66,11 +109,16 @@ class Ticker:
     def _rescan(self, owned: frozenset[int]) -> None:
         for p in list(self._next):
             if p not in owned:
-                del self._next[p]
-                self._outstanding.pop(p, None)
+                known: list[dict[int, Any]] = [
+                    self._next, self._outstanding, self._decided, self._early, self._window,
+                    self._low, self._early_sent]
+                for state in known:
+                    state.pop(p, None)
         for p in owned:
             with contextlib.suppress(Exception):  # a DB closing under a rebalance
                 self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
+                if self._ahead_ms:
+                    self._early[p] = self._first_undecided(p)
 
     async def _run(self) -> None:
         while True:
@@ -90,22 +138,37 @@ class Ticker:
                 self._rescan(owned)
                 last_scan = mono
             now = clock.now_ms()
-            soonest: int | None = None
+            wait = RESCAN_S
             for p in owned:
-                due = self._next.get(p)
-                if due is None:
+                wait_ms = self._wait_ms(p, now, mono)
+                if wait_ms is None:
                     continue
-                if due > now:
-                    soonest = due if soonest is None else min(soonest, due)
+                if wait_ms > 0:
+                    wait = min(wait, wait_ms / 1000)
                 elif mono - self._outstanding.get(p, -RESEND_S) >= RESEND_S:
                     self._outstanding[p] = mono
                     await self._send_tick(p, now)
-            wait = RESCAN_S if soonest is None else max(0.0, min(RESCAN_S, (soonest - now) / 1000))
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
+    def _wait_ms(self, p: int, now: int, mono: float) -> float | None:
+        """How long until partition p wants a tick: 0 or less is now, None is never."""
+        waits: list[float] = []
+        due = self._next.get(p)
+        if due is not None:
+            waits.append(due - now)
+        early = self._early.get(p) if self._ahead_ms else None
+        if early is not None:
+            spacing = (self._early_sent.get(p, -AHEAD_EVERY_S) + AHEAD_EVERY_S - mono) * 1000
+            waits.append(max(early - self._ahead_ms - now, spacing))
+        return min(waits) if waits else None
+
     async def _send_tick(self, partition: int, now_ms: int) -> None:
+        if self._ahead_ms:
+            self._window[partition] = now_ms + self._ahead_ms
+            self._low.pop(partition, None)
+            self._early_sent[partition] = self._engine.clock.monotonic()
         self.sent += 1
         record = {
             "envelope": {"event_id": f"tick:{partition}:{now_ms}:{self.sent}",

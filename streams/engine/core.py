@@ -38,6 +38,10 @@ MAX_RECENT_COMMANDS = 32
 # `allow` jobs drop finished runs from `running` when it grows past this, not at every
 # finish: that saves a job write per execution (see _finish).
 RUNNING_PRUNE_AT = 16
+# The lease of an attempt decided ahead of its slot starts at the due time and is this
+# short (heartbeats extend it): if the worker dies before the call, the next owner retries
+# the attempt soon after the takeover instead of after a full lease.
+EARLY_LEASE_S = 10.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +56,8 @@ class Dispatch:
     fencing_token: int
     target: Record
     lease_s: float
+    # Decided ahead (fire-ahead): the executor holds the call until this wall-clock time.
+    not_before_ms: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +90,9 @@ class Context:
     # How late a slot may be before misfire policy judges it. Every owner must use the same
     # value (it is a deployment setting), or replays would decide differently.
     misfire_grace_ms: int = MISFIRE_GRACE_MS
+    # How far ahead of their due time a tick decides eligible slots (one-offs and `allow`
+    # jobs); 0 is off. A deployment setting too, for the same reason.
+    fire_ahead_ms: int = 0
     effects: list[Effect] = field(default_factory=list)
     # Numbers the records one event writes, so each gets its own deterministic event id.
     seq: int = 0
@@ -262,8 +271,20 @@ class PartitionCore:
     def _pause(self, cmd: Record, job: Record, ctx: Context) -> None:
         # The fire timer stays armed: each slot that falls due while paused is recorded as
         # skipped("paused") when its time comes, so no slot goes silently missing.
-        if job["status"] == "active":
+        early = [e for e in job["running"] if self._decided_early(e, ctx)]
+        if job["status"] == "active" or early:
             job["status"] = "paused"
+        # A slot decided ahead whose time has not come is not called: a pause means no
+        # scheduled run starts after it. (A one-off is already "completed" once decided.)
+        for ex_id in early:
+            self._cancel(ex_id, job, ctx, reason="job paused before the slot was due")
+
+    def _decided_early(self, ex_id: str, ctx: Context) -> bool:
+        if self.store.known_terminal(ex_id):
+            return False
+        ex = self.store.execution(ex_id)
+        return (ex is not None and ex["state"] == "running" and ex["attempt"] == 1
+                and ex["trigger"] == "schedule" and ex["due_at_ms"] > ctx.now_ms)
 
     def _resume(self, cmd: Record, job: Record, ctx: Context) -> None:
         if job["status"] == "paused":
@@ -331,8 +352,10 @@ class PartitionCore:
                 job["status"] = "completed"
             return
         job["next_run_at_ms"] = slot.scheduled_for_ms
-        value = orjson.dumps({"s": slot.scheduled_for_ms, "d": slot.dst_outcome,
-                              "v": job["version"]})
+        timer: Record = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "v": job["version"]}
+        if plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule):
+            timer["e"] = 1  # may be decided ahead (fire-ahead); read without the job
+        value = orjson.dumps(timer)
         self.store.put_timer(self._fire_key(job, slot.scheduled_for_ms, plan), value)
 
     def _disarm(self, job: Record) -> None:
@@ -348,18 +371,55 @@ class PartitionCore:
                                                 "d": slot.dst_outcome, "t": trigger}))
 
     def on_tick(self, ctx: Context, *, limit: int = 2000) -> tuple[list[Effect], bool]:
-        """Fire every timer due at or before the tick's time. Returns (effects, more_due)."""
+        """Fire every timer due at or before the tick's time, then (fire-ahead) decide the
+        eligible slots due within ctx.fire_ahead_ms. Returns (effects, more_due)."""
         due = self.store.due_timers(due_prefix_upper_bound(ctx.now_ms), limit + 1)
-        for key, value in due[:limit]:
+        fired = due[:limit]
+        for key, value in fired:
             self._on_timer(key, value, ctx)
+        more = len(due) > limit
+        if ctx.fire_ahead_ms > 0 and not more:
+            early, more = self._fire_ahead(ctx, room=limit - len(fired))
+            fired += early
         self._flush_leases(ctx)
         # Fired timers go last: the writes of one event reach Kafka without a transaction,
         # and within the timers partition this order means a durable delete implies durable
         # leases. If the worker dies before the deletes are durable, the redelivered tick
         # fires the same timers again, and finds (and repairs) what it started.
-        for key, _ in due[:limit]:
+        for key, _ in fired:
             self.store.delete_timer(key)
-        return ctx.effects, len(due) > limit
+        return ctx.effects, more
+
+    def _fire_ahead(self, ctx: Context, *, room: int) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """Decide the eligible slots due in (now, now + fire_ahead]; their calls wait for
+        the due time in the executor. Everything else in the window (leases, retries, paced
+        runs, other overlap policies, paused jobs) is left for its due time."""
+        fired: list[tuple[bytes, bytes]] = []
+        lower = due_prefix_upper_bound(ctx.now_ms)
+        upper = due_prefix_upper_bound(ctx.now_ms + ctx.fire_ahead_ms)
+        for key, value in self.store.timers_in(lower, upper):
+            if len(fired) >= room:
+                return fired, True
+            if self._fire_early(key, value, ctx):
+                fired.append((key, value))
+        return fired, False
+
+    def _fire_early(self, key: bytes, value: bytes, ctx: Context) -> bool:
+        tk = decode_timer_key(key)
+        if tk.kind != TimerKind.FIRE or tk.ref:
+            return False
+        data = orjson.loads(value)
+        if not data.get("e"):
+            return False
+        job = self.store.job(tk.job_id)
+        if (job is None or job["status"] != "active" or data["v"] != job["version"]
+                or job["next_run_at_ms"] != data["s"]):
+            return False
+        if job["running"] and self._plan(job).overlap != Overlap.ALLOW:
+            return False  # a one-off with a manual run in flight: its policy judges at due
+        self._fire_scheduled(job, Slot(scheduled_for_ms=data["s"], dst_outcome=data["d"]),
+                             ctx, not_before_ms=tk.due_ms)
+        return True
 
     def _on_timer(self, key: bytes, value: bytes, ctx: Context) -> None:
         tk = decode_timer_key(key)
@@ -431,7 +491,8 @@ class PartitionCore:
 
     # --- firing ------------------------------------------------------------------------------
 
-    def _fire_scheduled(self, job: Record, slot: Slot, ctx: Context) -> None:
+    def _fire_scheduled(self, job: Record, slot: Slot, ctx: Context, *,
+                        not_before_ms: int = 0) -> None:
         plan = self._plan(job)
         paused = job["status"] == "paused"
         # Late is measured from the jittered due time, and never from before the job existed
@@ -454,7 +515,7 @@ class PartitionCore:
             for s in late:
                 self._record_outcome(job, s, ctx, state="skipped", reason="paused")
         elif not overdue:
-            self._on_slot(job, plan, slot, ctx, trigger="schedule")
+            self._on_slot(job, plan, slot, ctx, trigger="schedule", not_before_ms=not_before_ms)
         else:
             self._misfire(job, plan, late, ctx, more=more)
         self._save_job(ctx, job, "job.slot_fired")
@@ -513,7 +574,7 @@ class PartitionCore:
         self._save_exec(ctx, ex, f"execution.{state}")
 
     def _on_slot(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context, *,
-                 trigger: str) -> None:
+                 trigger: str, not_before_ms: int = 0) -> None:
         """Apply the overlap policy to a slot that is due now."""
         if job["running"] and plan.overlap != Overlap.ALLOW:
             # An execution whose finish was durable but whose job write was lost (a crash
@@ -535,7 +596,8 @@ class PartitionCore:
             for ex_id in list(running):
                 self._cancel(ex_id, job, ctx, reason="replaced by a newer slot")
         self._start_execution(job, plan, ctx, ex_id=exec_id(job["job_id"],
-                              slot.scheduled_for_ms), slot=slot, trigger=trigger)
+                              slot.scheduled_for_ms), slot=slot, trigger=trigger,
+                              not_before_ms=not_before_ms)
 
     def _suppress(self, job: Record, ex_id: str, slot: Slot, ctx: Context, reason: str) -> None:
         """A duplicate trigger changes nothing; it is recorded so audits can count it."""
@@ -567,7 +629,7 @@ class PartitionCore:
         }
 
     def _start_execution(self, job: Record, plan: JobPlan, ctx: Context, *, ex_id: str,
-                         slot: Slot, trigger: str) -> None:
+                         slot: Slot, trigger: str, not_before_ms: int = 0) -> None:
         """The check-and-set that makes a slot fire once: local, because we own the partition."""
         existing = self.store.execution(ex_id)
         if existing is not None:
@@ -578,7 +640,7 @@ class PartitionCore:
         if len(job["running"]) >= RUNNING_PRUNE_AT:
             self._prune_running(job)
         job["running"].append(ex_id)
-        self._begin_attempt(job, plan, ex, ctx)
+        self._begin_attempt(job, plan, ex, ctx, not_before_ms=not_before_ms)
 
     def _prune_running(self, job: Record) -> None:
         """Drop finished executions from `running`: an `allow` job's finish does not write
@@ -587,16 +649,21 @@ class PartitionCore:
                           and (x := self.store.execution(e)) is not None
                           and x["state"] not in TERMINAL]
 
-    def _begin_attempt(self, job: Record, plan: JobPlan, ex: Record, ctx: Context) -> None:
+    def _begin_attempt(self, job: Record, plan: JobPlan, ex: Record, ctx: Context, *,
+                       not_before_ms: int = 0) -> None:
+        """Start an attempt; one decided ahead (not_before_ms) starts, and is leased, from
+        its due time."""
+        start = max(ctx.now_ms, not_before_ms)
+        lease_s = plan.lease_s if start == ctx.now_ms else min(plan.lease_s, EARLY_LEASE_S)
         ex["attempt"] += 1
         ex["fencing_token"] = ex["attempt"]
         ex["state"] = "running"
         ex["worker"] = ctx.worker
         ex["retry_at_ms"] = None
-        ex["lease_until_ms"] = ctx.now_ms + int(plan.lease_s * 1000)
+        ex["lease_until_ms"] = start + int(lease_s * 1000)
         ex["attempts"].append({
             "attempt": ex["attempt"], "fencing_token": ex["fencing_token"],
-            "worker": ctx.worker, "started_at_ms": ctx.now_ms, "finished_at_ms": None,
+            "worker": ctx.worker, "started_at_ms": start, "finished_at_ms": None,
             "outcome": None, "status_code": None, "error": None,
         })
         self._lease(ex, ctx)
@@ -605,7 +672,7 @@ class PartitionCore:
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
             fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
-            lease_s=plan.lease_s))
+            lease_s=lease_s, not_before_ms=start if start > ctx.now_ms else 0))
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])

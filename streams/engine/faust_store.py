@@ -8,9 +8,11 @@ await, because a rebalance may close the DB.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from schemas import codec
+from streams.domain.timer import due_prefix_upper_bound
 from streams.engine.store import TERMINAL, Record
 
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
@@ -25,6 +27,14 @@ def partition_db(table: Any, partition: int) -> Any:
 def first_timer_key(table: Any, partition: int) -> bytes | None:
     """The earliest timer of a partition, or None. Cheap: one seek."""
     for key, _ in scan(table, partition, limit=1):
+        return key
+    return None
+
+
+def first_timer_after(table: Any, partition: int, after_ms: int) -> bytes | None:
+    """The earliest timer due after `after_ms`, or None. One seek."""
+    lower = due_prefix_upper_bound(after_ms)
+    for key, _ in scan_range(table, partition, lower, b"\xff" * 16):
         return key
     return None
 
@@ -55,6 +65,21 @@ def scan(table: Any, partition: int, *, upper: bytes | None = None,
         if first is not None:
             floor.raise_to(partition, first)
     return out
+
+
+def scan_range(table: Any, partition: int, lower: bytes,
+               upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Ordered (key, value) pairs with lower <= key < upper. A RocksDB iterator reads the
+    snapshot of its creation, so writes made meanwhile are not seen."""
+    it = partition_db(table, partition).iter()
+    it.seek(lower)
+    while it.valid():
+        key = bytes(it.key())
+        if key >= upper:
+            return
+        if key != FAUST_OFFSET_KEY:
+            yield key, bytes(it.value())
+        it.next()
 
 
 class TerminalMemo:
@@ -138,3 +163,6 @@ class TableStore:
 
     def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         return scan(self._timers, self._partition, upper=upper, limit=limit)
+
+    def timers_in(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return scan_range(self._timers, self._partition, lower, upper)

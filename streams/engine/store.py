@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 Record = dict[str, Any]
@@ -41,6 +42,11 @@ class PartitionStore(Protocol):
 
     def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         """Timers whose key sorts below `upper`, in key (so due-time) order."""
+        ...
+
+    def timers_in(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Timers with lower <= key < upper in key order, as they were when the iteration
+        started: the caller may write timers while it iterates."""
         ...
 
 
@@ -91,6 +97,10 @@ class MemoryStore:
     def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         end = bisect.bisect_left(self._keys, upper)
         return [(k, self.timers[k]) for k in self._keys[: min(end, limit)]]
+
+    def timers_in(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        lo, hi = bisect.bisect_left(self._keys, lower), bisect.bisect_left(self._keys, upper)
+        yield from [(k, self.timers[k]) for k in self._keys[lo:hi]]
 
     def next_due_key(self) -> bytes | None:
         return self._keys[0] if self._keys else None

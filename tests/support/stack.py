@@ -33,6 +33,7 @@ class WorkerProcess:
             "KRON_ALLOW_PRIVATE_TARGETS": "true",
             "KRON_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
             "KRON_MISFIRE_GRACE_S": str(settings.misfire_grace_s),
+            "KRON_FIRE_AHEAD_S": str(settings.fire_ahead_s),
             "PYTHONPATH": str(REPO),
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -68,7 +68,7 @@ from schemas import codec
 from streams.domain.errors import PermanentError
 from streams.domain.ids import exec_id
 from streams.domain.policies import Overlap
-from streams.domain.schedule import apply_jitter, bounded_next_slot
+from streams.domain.schedule import OneOffSchedule, apply_jitter, bounded_next_slot
 from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
 from streams.engine import core as core_module
 from streams.engine.core import (
@@ -151,11 +151,12 @@ class Event:
     epoch: int
     limit: int = 2000
     grace_ms: int = MISFIRE_GRACE_MS
+    fire_ahead_ms: int = 0
 
 
 def apply(core: PartitionCore, ev: Event) -> list[Effect] | PermanentError:
     ctx = Context(now_ms=ev.now_ms, causation_id=ev.event_id, worker=ev.worker,
-                  epoch=ev.epoch, misfire_grace_ms=ev.grace_ms)
+                  epoch=ev.epoch, misfire_grace_ms=ev.grace_ms, fire_ahead_ms=ev.fire_ahead_ms)
     rec = copy.deepcopy(ev.record)
     try:
         if ev.kind == "command":
@@ -259,11 +260,14 @@ class PartitionSim(RuleBasedStateMachine):
         self.live: set[str] = set()
         self.peak_live: dict[str, int] = {}
         self.grace_ms = MISFIRE_GRACE_MS
+        self.fire_ahead_ms = 0
 
-    @initialize(grace_s=st.sampled_from([5, 60]))
-    def deployment(self, grace_s: int) -> None:
-        """The misfire grace is a deployment setting, the same for every owner."""
+    @initialize(grace_s=st.sampled_from([5, 60]), ahead_s=st.sampled_from([0, 3, 10]))
+    def deployment(self, grace_s: int, ahead_s: int) -> None:
+        """The misfire grace and the fire-ahead window are deployment settings, the same
+        for every owner."""
         self.grace_ms = grace_s * 1000
+        self.fire_ahead_ms = ahead_s * 1000
 
     # --- driving -----------------------------------------------------------------------------
 
@@ -275,7 +279,7 @@ class PartitionSim(RuleBasedStateMachine):
               ) -> list[Effect] | PermanentError:
         ev = Event(kind=kind, name=name, record=record, now_ms=self.now,
                    event_id=self._id("ev"), worker=self.worker, epoch=self.epoch, limit=limit,
-                   grace_ms=self.grace_ms)
+                   grace_ms=self.grace_ms, fire_ahead_ms=self.fire_ahead_ms)
         return self._process(ev)
 
     def _process(self, ev: Event) -> list[Effect] | PermanentError:
@@ -289,7 +293,7 @@ class PartitionSim(RuleBasedStateMachine):
     def _redeliver(self, ev: Event, *, worker: str, epoch: int) -> None:
         again = Event(kind=ev.kind, name=ev.name, record=ev.record, now_ms=ev.now_ms,
                       event_id=ev.event_id, worker=worker, epoch=epoch, limit=ev.limit,
-                      grace_ms=ev.grace_ms)
+                      grace_ms=ev.grace_ms, fire_ahead_ms=ev.fire_ahead_ms)
         before = snapshot(self.store)
         execs_before = set(self.store.executions)
         out = self._process(again)
@@ -313,13 +317,34 @@ class PartitionSim(RuleBasedStateMachine):
                 if eff.attempt == 1 and self.store.executions[eff.exec_id]["trigger"] != "manual":
                     assert self.store.jobs[eff.job_id]["status"] != "paused", \
                         "a paused job started a scheduled run"
+                if eff.not_before_ms:
+                    self._check_early(eff)
                 self.dispatched.add(key)
-                o = Outstanding(dispatch=eff, started_ms=self.now, lease_s=eff.lease_s)
+                o = Outstanding(dispatch=eff, started_ms=max(self.now, eff.not_before_ms),
+                                lease_s=eff.lease_s)
                 self.outstanding[key] = o
                 self.all_dispatches.append(o)
             elif isinstance(eff, Cancel):
                 for key in [k for k in self.outstanding if k[0] == eff.exec_id]:
                     del self.outstanding[key]
+
+    def _check_early(self, d: Dispatch) -> None:
+        """A slot decided ahead: only a first scheduled attempt of a one-off or an `allow`
+        job, within the window, held until its jittered due time, leased from then."""
+        ex = self.store.executions[d.exec_id]
+        job = self.store.jobs[d.job_id]
+        plan = plan_of(job["spec"])
+        assert self.now < d.not_before_ms <= self.now + self.fire_ahead_ms, d
+        assert d.attempt == 1 and ex["trigger"] == "schedule", d
+        assert d.not_before_ms == ex["due_at_ms"] >= ex["scheduled_for_ms"], (d, ex)
+        assert plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule), plan
+        assert ex["lease_until_ms"] == d.not_before_ms + int(d.lease_s * 1000)
+        assert ex["attempts"][0]["started_at_ms"] == d.not_before_ms
+
+    def _called(self) -> list[tuple[str, int]]:
+        """Outstanding attempts the executor has called: none before its due time."""
+        return sorted(k for k, o in self.outstanding.items()
+                      if o.dispatch.not_before_ms <= self.now)
 
     # --- rules -------------------------------------------------------------------------------
 
@@ -394,6 +419,11 @@ class PartitionSim(RuleBasedStateMachine):
             assert snapshot(self.store)[:3] == before[:3]
         elif kind == "DeleteJob":
             self.jobs[job_id].deleted_at_ms = self.now
+        if kind in ("PauseJob", "DeleteJob") and not isinstance(out, PermanentError):
+            # No slot decided ahead for it is still to be called: cancelled with the command.
+            waiting = [k for k, o in self.outstanding.items()
+                       if o.dispatch.job_id == job_id and o.dispatch.not_before_ms > self.now]
+            assert not waiting, (kind, waiting)
 
     @rule(advance=advances, limit=st.sampled_from([2000, 2000, 2000, 2]))
     def tick(self, advance: int, limit: int) -> None:
@@ -402,12 +432,12 @@ class PartitionSim(RuleBasedStateMachine):
         self.now += advance
         self._feed("tick", "kron.engine.Tick", {"now_ms": self.now}, limit=limit)
 
-    @precondition(lambda self: bool(self.outstanding))
+    @precondition(lambda self: bool(self._called()))
     @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES), retry_after=st.sampled_from(
         [None, None, 3.0]), batched=st.booleans())
     def report(self, data: st.DataObject, outcome: str, retry_after: float | None,
                batched: bool) -> None:
-        key = data.draw(st.sampled_from(sorted(self.outstanding)))
+        key = data.draw(st.sampled_from(self._called()))
         o = self.outstanding[key]
         if outcome == "silence":  # the attempt died with its worker: only the lease tells
             del self.outstanding[key]
@@ -455,11 +485,11 @@ class PartitionSim(RuleBasedStateMachine):
         batch = codec.decode(codec.encode("kron.executions.AttemptsFinished", batch)).record
         return self._feed("report", "kron.executions.AttemptsFinished", batch)
 
-    @precondition(lambda self: bool(self.outstanding))
+    @precondition(lambda self: bool(self._called()))
     @rule()
     def heartbeats(self) -> None:
         """The executor extends the lease of every attempt it is running."""
-        for key in sorted(self.outstanding):
+        for key in self._called():
             self._report(self.outstanding[key], "heartbeat", key[1])
 
     @precondition(lambda self: bool(self.all_dispatches))

@@ -40,15 +40,17 @@ def utc(*args: int) -> int:
 class Partition:
     """One partition owner: feeds the core commands, ticks and reports at explicit times."""
 
-    def __init__(self, now_ms: int) -> None:
+    def __init__(self, now_ms: int, *, fire_ahead_ms: int = 0) -> None:
         self.store = MemoryStore()
         self.core = PartitionCore(self.store)
         self.now = now_ms
         self.n = 0
+        self.fire_ahead_ms = fire_ahead_ms
 
     def _ctx(self) -> Context:
         self.n += 1
-        return Context(now_ms=self.now, causation_id=f"ev-{self.n}", worker="w1", epoch=1)
+        return Context(now_ms=self.now, causation_id=f"ev-{self.n}", worker="w1", epoch=1,
+                       fire_ahead_ms=self.fire_ahead_ms)
 
     def command(self, kind: str, job_id: str, *, command_id: str | None = None,
                 **fields: Any) -> list[Effect]:
@@ -569,3 +571,107 @@ def test_a_batch_of_results_applies_each_and_fences_the_stale_one() -> None:
     assert p.ex("a", d1.scheduled_for_ms)["state"] == "succeeded"
     assert p.ex("b", d2.scheduled_for_ms)["state"] == "running"  # a stale token: fenced
     assert p.core.stale_rejected == 1
+
+
+# --- fire-ahead ------------------------------------------------------------------------------
+
+T0 = utc(2026, 1, 5, 12, 0, 0)
+
+
+def _dispatches(effects: list[Effect]) -> list[Dispatch]:
+    return [e for e in effects if isinstance(e, Dispatch)]
+
+
+def test_fire_ahead_decides_one_offs_and_allow_jobs_early_and_holds_the_call() -> None:
+    p = Partition(T0 + 500, fire_ahead_ms=3 * SEC)
+    p.create("once", run_at_ms=T0 + 2 * SEC)
+    p.create("every", cron="*/1 * * * * *", tz="UTC", overlap="allow", lease_s=60.0)
+    p.create("skip", cron="*/1 * * * * *", tz="UTC", overlap="skip_if_running")
+    p.create("far", run_at_ms=T0 + 5 * SEC)
+    ds = _dispatches(p.tick())
+    by_slot = sorted((d.job_id, d.scheduled_for_ms - T0) for d in ds)
+    # The cron's next slot (T0+1s) was armed by the create; deciding it arms T0+2s, which
+    # the next tick decides: one slot per job per tick.
+    assert by_slot == [("every", 1 * SEC), ("once", 2 * SEC)]
+    for d in ds:
+        assert d.not_before_ms == d.scheduled_for_ms > p.now
+        ex = p.ex(d.job_id, d.scheduled_for_ms)
+        assert ex["state"] == "running"
+        assert ex["attempts"][0]["started_at_ms"] == d.not_before_ms
+        # The lease counts from the due time, and is short: a dead owner's slot is retried
+        # soon after the takeover.
+        assert d.lease_s == core_module.EARLY_LEASE_S
+        assert ex["lease_until_ms"] == d.not_before_ms + int(core_module.EARLY_LEASE_S * SEC)
+    assert p.job("once")["status"] == "completed"
+    # skip_if_running judges `running` at the due time: never decided early.
+    assert not p.execs("skip")
+    assert [d.scheduled_for_ms - T0 for d in _dispatches(p.tick())] == [2 * SEC]
+    assert [d.scheduled_for_ms - T0 for d in _dispatches(p.tick())] == [3 * SEC]
+    assert _dispatches(p.tick()) == []  # T0+4s is beyond the window (T0+3.5s)
+    # At the due time, the other policy fires as always, with no hold.
+    late = _dispatches(p.tick(T0 + 1 * SEC))
+    assert [(d.job_id, d.not_before_ms) for d in late if d.job_id == "skip"] == [("skip", 0)]
+
+
+def test_fire_ahead_off_decides_nothing_early() -> None:
+    p = Partition(T0)
+    p.create("once", run_at_ms=T0 + 2 * SEC)
+    assert _dispatches(p.tick()) == []
+    [d] = _dispatches(p.tick(T0 + 2 * SEC))
+    assert d.not_before_ms == 0
+
+
+def test_a_pause_inside_the_window_cancels_the_slots_decided_early() -> None:
+    p = Partition(T0 + 500, fire_ahead_ms=3 * SEC)
+    p.create("once", run_at_ms=T0 + 2 * SEC)
+    p.create("every", cron="*/1 * * * * *", tz="UTC", overlap="allow")
+    p.tick()
+    p.tick()
+    early = {(e["job_id"], e["scheduled_for_ms"] - T0) for e in p.store.executions.values()}
+    assert early == {("once", 2 * SEC), ("every", 1 * SEC), ("every", 2 * SEC)}
+    p.now = T0 + 1500  # every@1s is due and (as far as the core knows) called: it stays
+    effects = p.command("PauseJob", "every") + p.command("PauseJob", "once")
+    cancelled = sorted(c.exec_id for c in effects if isinstance(c, Cancel))
+    assert cancelled == sorted([exec_id("every", T0 + 2 * SEC), exec_id("once", T0 + 2 * SEC)])
+    for job_id, slot in (("every", 2 * SEC), ("once", 2 * SEC)):
+        ex = p.ex(job_id, T0 + slot)
+        assert ex["state"] == "cancelled" and ex["reason"] == "job paused before the slot was due"
+    assert p.ex("every", T0 + 1 * SEC)["state"] == "running"
+    assert p.job("every")["status"] == "paused"
+    assert p.job("once")["status"] == "paused"
+    # Paused: nothing more is decided early, and the armed slot is skipped at its time.
+    assert _dispatches(p.tick()) == []
+    p.tick(T0 + 3 * SEC)
+    assert p.ex("every", T0 + 3 * SEC)["state"] == "skipped"
+    # Resumed, the once-job has nothing left to run: its slot was settled by the pause.
+    p.command("ResumeJob", "once")
+    assert p.job("once")["status"] == "completed"
+
+
+def test_a_delete_inside_the_window_cancels_the_slot_decided_early() -> None:
+    p = Partition(T0, fire_ahead_ms=3 * SEC)
+    p.create("once", run_at_ms=T0 + 2 * SEC)
+    [d] = _dispatches(p.tick())
+    effects = p.command("DeleteJob", "once")
+    assert [c.exec_id for c in effects if isinstance(c, Cancel)] == [d.exec_id]
+    assert p.ex("once", T0 + 2 * SEC)["state"] == "cancelled"
+    # The cancelled attempt's late word (had it been called) is fenced.
+    p.now = T0 + 2 * SEC
+    assert p.report(d, "success") == []
+    assert p.ex("once", T0 + 2 * SEC)["state"] == "cancelled"
+
+
+def test_a_slot_decided_early_whose_owner_died_is_retried_after_its_short_lease() -> None:
+    p = Partition(T0, fire_ahead_ms=3 * SEC)
+    p.create("once", run_at_ms=T0 + 2 * SEC, retry={"max_attempts": 3, "backoff": "fixed",
+                                                    "base_s": 0.5, "max_s": 0.5})
+    [d] = _dispatches(p.tick())
+    lease_until = d.not_before_ms + int(core_module.EARLY_LEASE_S * SEC)
+    # The owner died before the due time; the next owner only has the timers.
+    p.core = PartitionCore(p.store)
+    assert _dispatches(p.tick(lease_until - 1)) == []
+    p.tick(lease_until)
+    ex = p.ex("once", T0 + 2 * SEC)
+    assert ex["state"] == "retry_pending" and ex["attempts"][0]["outcome"] == "lease_expired"
+    [again] = _dispatches(p.tick(ex["retry_at_ms"]))
+    assert again.attempt == 2 and again.not_before_ms == 0

@@ -21,7 +21,7 @@ class FlakyEngine:
 
     def __init__(self) -> None:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
-        self.settings = SimpleNamespace(worker_id="w1")
+        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0)
         self.timers = object()
         self.failures = 2
         self.sent: list[tuple[int, dict[str, Any]]] = []
@@ -61,3 +61,94 @@ def test_ticker_survives_an_error_and_ticks_the_due_partition(
     asyncio.run(run())
     assert engine.failures == 0
     assert [(p, r["now_ms"]) for p, r in engine.sent] == [(3, 10_000)]
+
+
+def _key(due_ms: int, eligible: bool) -> bytes:
+    return due_ms.to_bytes(8, "big") + (b"E" if eligible else b"L")
+
+
+class AheadEngine:
+    """One partition whose timer index is a sorted list. A tick "fires" what a core with
+    a 3 s fire-ahead window would: everything due, and the eligible keys (suffix E) in
+    the window; ineligible ones (a lease, another overlap policy) stay until due."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
+        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=3.0)
+        self.timers = object()
+        self.keys: list[bytes] = []
+        self.sent: list[int] = []
+        self.ticker: Ticker | None = None
+        self.lease = SimpleNamespace(watch=lambda coordinator: None, valid=lambda: True)
+        self.signals = SimpleNamespace(send=self._send)
+
+    def coordinator(self) -> None:
+        return None
+
+    def owned_partitions(self) -> set[int]:
+        return {0}
+
+    def first(self, after_ms: int = -1) -> bytes | None:
+        return next((k for k in sorted(self.keys)
+                     if int.from_bytes(k[:8], "big") > after_ms), None)
+
+    async def _send(self, *, key: bytes, value: bytes, partition: int) -> None:
+        now = codec.decode(value).record["now_ms"]
+        self.sent.append(now)
+        self.keys = [k for k in self.keys if not (
+            int.from_bytes(k[:8], "big") <= now
+            or (k.endswith(b"E") and int.from_bytes(k[:8], "big") <= now + 3_000))]
+        assert self.ticker is not None
+        asyncio.get_running_loop().call_soon(lambda: self.ticker.ticked(partition, more=False))
+
+    def add(self, key: bytes) -> None:
+        self.keys.append(key)
+        assert self.ticker is not None
+        self.ticker.timer_added(0, key)
+
+
+def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = AheadEngine()
+    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
+    monkeypatch.setattr(ticker_mod, "first_timer_after",
+                        lambda table, p, after: engine.first(after))
+    monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.005)
+
+    async def settle() -> None:
+        for _ in range(40):  # ~40 turns of the ticker's loop at the same instant
+            await asyncio.sleep(0.005)
+
+    async def run() -> None:
+        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        engine.keys = [_key(11_000, eligible=False), _key(12_000, eligible=True),
+                       _key(16_000, eligible=True)]
+        t.start()
+        await settle()
+        # 12,000 was decided ahead; the lease-like key at 11,000 stays in the window and
+        # must not make the ticker tick again and again.
+        assert engine.sent == [10_000]
+        assert [int.from_bytes(k[:8], "big") for k in engine.keys] == [11_000, 16_000]
+        engine.clock.advance(0.5)  # 10,500: nothing new in the window
+        await settle()
+        assert engine.sent == [10_000]
+        engine.clock.advance(0.5)  # 11,000: the ineligible key is due
+        await settle()
+        assert engine.sent == [10_000, 11_000]
+        engine.clock.advance(2.05)  # 13,050: 16,000 enters the window
+        await settle()
+        assert engine.sent == [10_000, 11_000, 13_050]
+        assert engine.keys == []
+        # A timer written inside the window already decided (a new one-off) is looked at
+        # again, but not before AHEAD_EVERY_S after the last tick.
+        engine.add(_key(14_000, eligible=True))
+        await settle()
+        assert engine.sent == [10_000, 11_000, 13_050]
+        engine.clock.advance(ticker_mod.AHEAD_EVERY_S)
+        await settle()
+        assert engine.sent == [10_000, 11_000, 13_050, 13_150]
+        assert engine.keys == []
+        assert t._task is not None
+        t._task.cancel()
+
+    asyncio.run(run())

@@ -1,0 +1,85 @@
+"""Attempts decided ahead of their slot (fire-ahead): the executor holds each until its due
+time, and a cancel while held means it is never called. Real HTTP runner, real loopback
+server, the system clock: the test asserts order in time, not speed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from kron.clock import SystemClock
+from streams.engine.core import Dispatch
+from streams.executor import Executor
+from streams.targets import HttpRunner
+
+
+@asynccontextmanager
+async def receiver() -> AsyncIterator[tuple[str, dict[str, int]]]:
+    """Answers 200 and records when each path arrived (wall-clock ms)."""
+    arrivals: dict[str, int] = {}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readline()
+        arrivals[line.split()[1].decode().lstrip("/")] = time.time_ns() // 1_000_000
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", arrivals
+    finally:
+        server.close()
+
+
+def dispatch(base: str, exec_id: str, not_before_ms: int) -> Dispatch:
+    return Dispatch(exec_id=exec_id, job_id="j", tenant="t", scheduled_for_ms=not_before_ms,
+                    attempt=1, fencing_token=1, lease_s=10.0, not_before_ms=not_before_ms,
+                    target={"url": f"{base}/{exec_id}", "timeout_s": 10})
+
+
+def test_held_attempts_go_out_at_their_due_time_and_a_cancelled_one_never() -> None:
+    reports: list[tuple[str, dict[str, Any]]] = []
+    clock = SystemClock()
+
+    async def report(partition: int, name: str, record: dict[str, Any]) -> None:
+        reports.append((name, record))
+
+    async def run() -> dict[str, int]:
+        async with receiver() as (base, arrivals):
+            runner = HttpRunner(allow_private=True)
+            ex = Executor(runners={"http": runner}, report=report, clock=clock,
+                          worker_id="w", concurrency=4)
+            ex.start()
+            now = clock.now_ms()
+            due = {"late": now + 600, "soon": now + 300, "past": now - 50, "gone": now + 400}
+            for exec_id, at in due.items():
+                ex.submit(dispatch(base, exec_id, at), 0)
+            assert ex.held == 3  # "past" went straight to the queue
+            ex.cancel("gone")
+            assert ex.held == 2
+            for _ in range(300):
+                if len(reports) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # "gone" would have been called by now
+            await ex.stop()
+            await runner.close()
+            for exec_id in arrivals:
+                assert arrivals[exec_id] >= due[exec_id], (exec_id, arrivals, due)
+            return arrivals
+
+    arrivals = asyncio.run(run())
+    assert sorted(arrivals) == ["late", "past", "soon"]
+    assert arrivals["past"] <= arrivals["soon"] <= arrivals["late"]
+    assert sorted(r["exec_id"] for _, r in reports) == ["late", "past", "soon"]
+    assert all(name == "kron.executions.ExecutionSucceeded" for name, _ in reports)
+    # Each attempt's reported start is its call, not its decision.
+    starts = {r["exec_id"]: r["started_at_ms"] for _, r in reports}
+    assert starts["soon"] >= starts["past"] and starts["late"] >= starts["soon"]

@@ -359,8 +359,7 @@ class Engine:
         ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
                       causation_id=rec["envelope"]["event_id"],
                       worker=self.settings.worker_id, epoch=epoch,
-                      misfire_grace_ms=int(self.settings.misfire_grace_s * 1000),
-                      fire_ahead_ms=int(self.settings.fire_ahead_s * 1000))
+                      misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
         return PartitionCore(store, self.plans), ctx
 
     async def _tick(self, msg: Any, rec: dict[str, Any]) -> None:
@@ -372,6 +371,7 @@ class Engine:
             self.stats.tick_lag_ms.append(self.clock.now_ms() - rec["now_ms"])
         core, ctx = self._core(msg.partition, rec)
         ctx.now_ms = rec["now_ms"]
+        ctx.fire_ahead_ms = rec["fire_ahead_ms"]  # the ticker's choice, recorded in the tick
         fired = 0
         while True:
             effects, more = core.on_tick(ctx, limit=TICK_CHUNK)

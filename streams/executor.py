@@ -36,6 +36,8 @@ class Job:
     dispatch: Dispatch
     partition: int
     lease_deadline: float  # monotonic
+    # Its start is known to be acknowledged by Kafka (see Executor._confirm_held).
+    durable: bool = False
 
 
 class FairQueue:
@@ -108,12 +110,16 @@ class Executor:
         self._held_ids: dict[str, Job] = {}
         self._held_seq = itertools.count()
         self._release_at: asyncio.TimerHandle | None = None
+        self._unconfirmed: list[Job] = []
+        self._confirm = asyncio.Event()
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
         self.fenced = 0
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._concurrency)]
+        if self._before_dispatch is not None:
+            self._tasks.append(asyncio.ensure_future(self._confirm_held()))
 
     async def stop(self) -> None:
         # Held attempts are not called: their leases run out and the next owner retries them.
@@ -137,8 +143,25 @@ class Executor:
             return
         heapq.heappush(self._held, (mono + hold_s, next(self._held_seq), job))
         self._held_ids[dispatch.exec_id] = job
+        self._unconfirmed.append(job)
+        self._confirm.set()
         if self._held[0][2] is job:
             self._schedule_release()
+
+    async def _confirm_held(self) -> None:
+        """Pass the durability barrier for held attempts while they wait, one barrier for
+        all held since the last: at the due time only the call is left."""
+        assert self._before_dispatch is not None
+        while True:
+            await self._confirm.wait()
+            self._confirm.clear()
+            batch, self._unconfirmed = self._unconfirmed, []
+            try:
+                await self._before_dispatch()
+            except Exception:  # each waits at its release instead
+                continue
+            for job in batch:
+                job.durable = True
 
     def _schedule_release(self) -> None:
         if self._release_at is not None:
@@ -190,7 +213,7 @@ class Executor:
         if self._clock.monotonic() >= job.lease_deadline:
             # The lease ran out while queued; the owner's lease timer retries it.
             return
-        if self._before_dispatch is not None:
+        if self._before_dispatch is not None and not job.durable:
             try:
                 await self._before_dispatch()
             except Exception:  # not durable: don't call; the lease timer retries it

@@ -6,10 +6,11 @@ timer and when a tick has been processed. The tick carries the ticker's clock re
 the agent fires with that time, so firing is a pure function of the event and the state.
 
 With fire-ahead on, a tick also decides the eligible slots due within the next
-`fire_ahead_s`. The ticker then also watches, per partition, the earliest timer past the
-window the last tick decided, and sends a tick when it enters the window: at most every
-AHEAD_EVERY_S, as timers left in the window (leases, other overlap policies) are read
-again by each tick.
+`fire_ahead_s` (the window travels in the tick). The ticker then also watches, per
+partition, the earliest timer past the window the last tick decided, and sends a tick when
+it enters the window: at most every AHEAD_EVERY_S, as timers left in the window (leases,
+other overlap policies) are read again by each tick. A worker that is behind decides
+nothing ahead: its held calls would only wait behind the queue it already has.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ RESEND_S = 5.0
 # Even with no notification, re-read the durable index this often.
 RESCAN_S = 0.5
 # Ticks sent only to decide ahead go out at most this often per partition.
-AHEAD_EVERY_S = 0.1
+AHEAD_EVERY_S = 0.25
+# Behind: more attempts than this waiting for an executor slot, or a partition with more
+# due than its last tick could fire.
+BEHIND_BACKLOG = 256
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -53,6 +57,7 @@ class Ticker:
         self._low: dict[int, int] = {}
         self._early_sent: dict[int, float] = {}
         self._outstanding: dict[int, float] = {}
+        self._more: set[int] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
@@ -84,6 +89,10 @@ class Ticker:
 
     def ticked(self, partition: int, *, more: bool) -> None:
         self._outstanding.pop(partition, None)
+        if more:
+            self._more.add(partition)
+        else:
+            self._more.discard(partition)
         self._next[partition] = (0 if more else
                                  _due_of(first_timer_key(self._engine.timers, partition)))
         if self._ahead_ms:
@@ -114,6 +123,7 @@ class Ticker:
                     self._low, self._early_sent]
                 for state in known:
                     state.pop(p, None)
+                self._more.discard(p)
         for p in owned:
             with contextlib.suppress(Exception):  # a DB closing under a rebalance
                 self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
@@ -158,15 +168,22 @@ class Ticker:
         due = self._next.get(p)
         if due is not None:
             waits.append(due - now)
-        early = self._early.get(p) if self._ahead_ms else None
+        early = self._early.get(p) if self._window_ms() else None
         if early is not None:
             spacing = (self._early_sent.get(p, -AHEAD_EVERY_S) + AHEAD_EVERY_S - mono) * 1000
             waits.append(max(early - self._ahead_ms - now, spacing))
         return min(waits) if waits else None
 
+    def _window_ms(self) -> int:
+        if not self._ahead_ms or self._more or (
+                self._engine.executor.backlog > BEHIND_BACKLOG):
+            return 0
+        return self._ahead_ms
+
     async def _send_tick(self, partition: int, now_ms: int) -> None:
+        window = self._window_ms()
         if self._ahead_ms:
-            self._window[partition] = now_ms + self._ahead_ms
+            self._window[partition] = now_ms + window
             self._low.pop(partition, None)
             self._early_sent[partition] = self._engine.clock.monotonic()
         self.sent += 1
@@ -178,6 +195,7 @@ class Ticker:
                          "producer": self._engine.settings.worker_id},
             "partition": partition,
             "now_ms": now_ms,
+            "fire_ahead_ms": window,
         }
         await self._engine.signals.send(key=b"tick", value=codec.encode("kron.engine.Tick",
                                         record), partition=partition)

@@ -91,7 +91,7 @@ class Context:
     # value (it is a deployment setting), or replays would decide differently.
     misfire_grace_ms: int = MISFIRE_GRACE_MS
     # How far ahead of their due time a tick decides eligible slots (one-offs and `allow`
-    # jobs); 0 is off. A deployment setting too, for the same reason.
+    # jobs); 0 is off. A field of the tick (its ticker chose it), so replays decide alike.
     fire_ahead_ms: int = 0
     effects: list[Effect] = field(default_factory=list)
     # Numbers the records one event writes, so each gets its own deterministic event id.

@@ -488,7 +488,13 @@ def _v1_samples() -> dict[str, list[Record]]:
 # Samples are pinned per (name, version): a golden file records what that version's producers
 # wrote, so later versions add their own entries rather than editing these.
 SAMPLES: dict[tuple[str, int], list[Record]] = {
-    (name, 1): records for name, records in _v1_samples().items()
+    **{(name, 1): records for name, records in _v1_samples().items()},
+    ("kron.engine.Tick", 2): [
+        {"envelope": _env("engine.ticked", 1), "partition": 0, "now_ms": T0,
+         "fire_ahead_ms": 3_000},
+        {"envelope": _env("engine.ticked", 2, full=False), "partition": INT_MAX,
+         "now_ms": LONG_MAX, "fire_ahead_ms": 0},
+    ],
 }
 
 

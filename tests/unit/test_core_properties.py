@@ -151,12 +151,12 @@ class Event:
     epoch: int
     limit: int = 2000
     grace_ms: int = MISFIRE_GRACE_MS
-    fire_ahead_ms: int = 0
 
 
 def apply(core: PartitionCore, ev: Event) -> list[Effect] | PermanentError:
     ctx = Context(now_ms=ev.now_ms, causation_id=ev.event_id, worker=ev.worker,
-                  epoch=ev.epoch, misfire_grace_ms=ev.grace_ms, fire_ahead_ms=ev.fire_ahead_ms)
+                  epoch=ev.epoch, misfire_grace_ms=ev.grace_ms,
+                  fire_ahead_ms=ev.record.get("fire_ahead_ms", 0) if ev.kind == "tick" else 0)
     rec = copy.deepcopy(ev.record)
     try:
         if ev.kind == "command":
@@ -264,8 +264,8 @@ class PartitionSim(RuleBasedStateMachine):
 
     @initialize(grace_s=st.sampled_from([5, 60]), ahead_s=st.sampled_from([0, 3, 10]))
     def deployment(self, grace_s: int, ahead_s: int) -> None:
-        """The misfire grace and the fire-ahead window are deployment settings, the same
-        for every owner."""
+        """The misfire grace is a deployment setting, the same for every owner; so is the
+        fire-ahead window, which a ticker that is behind sends as 0."""
         self.grace_ms = grace_s * 1000
         self.fire_ahead_ms = ahead_s * 1000
 
@@ -279,21 +279,21 @@ class PartitionSim(RuleBasedStateMachine):
               ) -> list[Effect] | PermanentError:
         ev = Event(kind=kind, name=name, record=record, now_ms=self.now,
                    event_id=self._id("ev"), worker=self.worker, epoch=self.epoch, limit=limit,
-                   grace_ms=self.grace_ms, fire_ahead_ms=self.fire_ahead_ms)
+                   grace_ms=self.grace_ms)
         return self._process(ev)
 
     def _process(self, ev: Event) -> list[Effect] | PermanentError:
         out = apply(self.core, ev)
         self.history.append((ev, out))
         if not isinstance(out, PermanentError):
-            self._take_effects(out)
+            self._take_effects(out, ev)
         self._scan_log()
         return out
 
     def _redeliver(self, ev: Event, *, worker: str, epoch: int) -> None:
         again = Event(kind=ev.kind, name=ev.name, record=ev.record, now_ms=ev.now_ms,
                       event_id=ev.event_id, worker=worker, epoch=epoch, limit=ev.limit,
-                      grace_ms=ev.grace_ms, fire_ahead_ms=ev.fire_ahead_ms)
+                      grace_ms=ev.grace_ms)
         before = snapshot(self.store)
         execs_before = set(self.store.executions)
         out = self._process(again)
@@ -305,7 +305,7 @@ class PartitionSim(RuleBasedStateMachine):
         if ev.name != "kron.executions.ExecutionHeartbeat":
             assert snapshot(self.store) == before, f"redelivered {ev.name} changed state"
 
-    def _take_effects(self, effects: list[Effect]) -> None:
+    def _take_effects(self, effects: list[Effect], ev: Event) -> None:
         for eff in effects:
             if isinstance(eff, Dispatch):
                 key = (eff.exec_id, eff.attempt)
@@ -318,7 +318,7 @@ class PartitionSim(RuleBasedStateMachine):
                     assert self.store.jobs[eff.job_id]["status"] != "paused", \
                         "a paused job started a scheduled run"
                 if eff.not_before_ms:
-                    self._check_early(eff)
+                    self._check_early(eff, ev)
                 self.dispatched.add(key)
                 o = Outstanding(dispatch=eff, started_ms=max(self.now, eff.not_before_ms),
                                 lease_s=eff.lease_s)
@@ -328,13 +328,14 @@ class PartitionSim(RuleBasedStateMachine):
                 for key in [k for k in self.outstanding if k[0] == eff.exec_id]:
                     del self.outstanding[key]
 
-    def _check_early(self, d: Dispatch) -> None:
+    def _check_early(self, d: Dispatch, ev: Event) -> None:
         """A slot decided ahead: only a first scheduled attempt of a one-off or an `allow`
         job, within the window, held until its jittered due time, leased from then."""
         ex = self.store.executions[d.exec_id]
         job = self.store.jobs[d.job_id]
         plan = plan_of(job["spec"])
-        assert self.now < d.not_before_ms <= self.now + self.fire_ahead_ms, d
+        assert ev.kind == "tick", ev
+        assert ev.now_ms < d.not_before_ms <= ev.now_ms + ev.record["fire_ahead_ms"], (d, ev)
         assert d.attempt == 1 and ex["trigger"] == "schedule", d
         assert d.not_before_ms == ex["due_at_ms"] >= ex["scheduled_for_ms"], (d, ex)
         assert plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule), plan
@@ -411,7 +412,24 @@ class PartitionSim(RuleBasedStateMachine):
                                                 "DeleteJob", "PauseJob", "ResumeJob",
                                                 "TriggerJob"]))
     def job_command(self, data: st.DataObject, kind: str) -> None:
-        job_id = data.draw(st.sampled_from(sorted(self.jobs)))
+        self._job_command(data.draw(st.sampled_from(sorted(self.jobs))), kind)
+
+    def _decided_early(self) -> list[str]:
+        return sorted({o.dispatch.job_id for o in self.outstanding.values()
+                       if o.dispatch.not_before_ms > self.now})
+
+    @precondition(lambda self: bool(self._decided_early()))
+    @rule(data=st.data(), kind=st.sampled_from(["PauseJob", "PauseJob", "DeleteJob"]),
+          wait=st.integers(0, 3_000))
+    def stop_inside_the_window(self, data: st.DataObject, kind: str, wait: int) -> None:
+        """A pause or delete lands while a slot decided ahead waits for its due time."""
+        job_id = data.draw(st.sampled_from(self._decided_early()))
+        due = min(o.dispatch.not_before_ms for o in self.outstanding.values()
+                  if o.dispatch.job_id == job_id and o.dispatch.not_before_ms > self.now)
+        self.now = min(self.now + wait, due - 1)
+        self._job_command(job_id, kind)
+
+    def _job_command(self, job_id: str, kind: str) -> None:
         before = snapshot(self.store)
         out = self._command(kind, job_id)
         if isinstance(out, PermanentError):
@@ -425,12 +443,15 @@ class PartitionSim(RuleBasedStateMachine):
                        if o.dispatch.job_id == job_id and o.dispatch.not_before_ms > self.now]
             assert not waiting, (kind, waiting)
 
-    @rule(advance=advances, limit=st.sampled_from([2000, 2000, 2000, 2]))
-    def tick(self, advance: int, limit: int) -> None:
+    @rule(advance=advances, limit=st.sampled_from([2000, 2000, 2000, 2]),
+          behind=st.sampled_from([False, False, False, True]))
+    def tick(self, advance: int, limit: int, behind: bool) -> None:
         if self.now + advance > BASE_MS + MAX_SIM_MS:
             advance %= 60_000  # keep an example's slot count (and run time) bounded
         self.now += advance
-        self._feed("tick", "kron.engine.Tick", {"now_ms": self.now}, limit=limit)
+        window = 0 if behind else self.fire_ahead_ms
+        self._feed("tick", "kron.engine.Tick", {"now_ms": self.now, "fire_ahead_ms": window},
+                   limit=limit)
 
     @precondition(lambda self: bool(self._called()))
     @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES), retry_after=st.sampled_from(

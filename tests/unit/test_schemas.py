@@ -477,3 +477,15 @@ def _assert_compatible(old: Any, new: Any, path: str = "record") -> None:
             _assert_compatible(a, b, f"{path}[{i}]")
     else:
         assert old == new, path
+
+
+def test_a_v1_tick_reads_as_one_that_decides_nothing_ahead() -> None:
+    """The first schema evolution: v2 added the fire-ahead window, with a default, so a tick
+    a v1 producer wrote (still on the signals topic during an upgrade) fires only what is
+    due."""
+    codec = Codec(REGISTRY)
+    old = codec.encode(names.TICK, SAMPLES[(names.TICK, 1)][0], version=1)
+    decoded = codec.decode(old)
+    assert (decoded.version, decoded.reader_version) == (1, 2)
+    assert decoded.record["fire_ahead_ms"] == 0
+    assert decoded.record["now_ms"] == SAMPLES[(names.TICK, 1)][0]["now_ms"]

@@ -22,6 +22,7 @@ class FlakyEngine:
     def __init__(self) -> None:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
         self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0)
+        self.executor = SimpleNamespace(backlog=0)
         self.timers = object()
         self.failures = 2
         self.sent: list[tuple[int, dict[str, Any]]] = []
@@ -75,9 +76,11 @@ class AheadEngine:
     def __init__(self) -> None:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
         self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=3.0)
+        self.executor = SimpleNamespace(backlog=0)
         self.timers = object()
         self.keys: list[bytes] = []
         self.sent: list[int] = []
+        self.windows: list[int] = []
         self.ticker: Ticker | None = None
         self.lease = SimpleNamespace(watch=lambda coordinator: None, valid=lambda: True)
         self.signals = SimpleNamespace(send=self._send)
@@ -93,11 +96,13 @@ class AheadEngine:
                      if int.from_bytes(k[:8], "big") > after_ms), None)
 
     async def _send(self, *, key: bytes, value: bytes, partition: int) -> None:
-        now = codec.decode(value).record["now_ms"]
+        tick = codec.decode(value).record
+        now, window = tick["now_ms"], tick["fire_ahead_ms"]
         self.sent.append(now)
+        self.windows.append(window)
         self.keys = [k for k in self.keys if not (
             int.from_bytes(k[:8], "big") <= now
-            or (k.endswith(b"E") and int.from_bytes(k[:8], "big") <= now + 3_000))]
+            or (k.endswith(b"E") and int.from_bytes(k[:8], "big") <= now + window))]
         assert self.ticker is not None
         asyncio.get_running_loop().call_soon(lambda: self.ticker.ticked(partition, more=False))
 
@@ -146,8 +151,23 @@ def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
         assert engine.sent == [10_000, 11_000, 13_050]
         engine.clock.advance(ticker_mod.AHEAD_EVERY_S)
         await settle()
-        assert engine.sent == [10_000, 11_000, 13_050, 13_150]
+        assert engine.sent == [10_000, 11_000, 13_050,
+                               13_050 + int(ticker_mod.AHEAD_EVERY_S * 1000)]
         assert engine.keys == []
+        assert engine.windows == [3_000] * 4
+        # Behind (a long executor queue): a due tick decides only what is due, and nothing
+        # is decided ahead until the queue is short again.
+        engine.executor.backlog = ticker_mod.BEHIND_BACKLOG + 1
+        engine.add(_key(engine.clock.now_ms() + 2_000, eligible=True))
+        engine.add(_key(engine.clock.now_ms() + 500, eligible=False))
+        engine.clock.advance(1.0)
+        await settle()
+        assert engine.windows[4:] == [0]
+        assert len(engine.keys) == 1  # the eligible one waits for its due time
+        engine.executor.backlog = 0
+        engine.clock.advance(ticker_mod.AHEAD_EVERY_S)
+        await settle()
+        assert engine.windows[4:] == [0, 3_000] and engine.keys == []
         assert t._task is not None
         t._task.cancel()
 

@@ -27,6 +27,8 @@ from streams.targets import AttemptInfo, Outcome, Runner
 
 log = logging.getLogger("kron.executor")
 
+CANCELLED_MAX = 65_536
+
 # report(partition, record_name, record) -> awaitable; sends to the partition's own signals.
 Reporter = Callable[[int, str, dict[str, Any]], Awaitable[None]]
 
@@ -112,6 +114,9 @@ class Executor:
         self._release_at: asyncio.TimerHandle | None = None
         self._unconfirmed: list[Job] = []
         self._confirm = asyncio.Event()
+        # Cancelled while queued (released, waiting for a runner or the barrier): checked
+        # right before the call. Bounded: an id for an attempt long gone is harmless.
+        self._cancelled: dict[str, None] = {}
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
         self.fenced = 0
@@ -134,17 +139,21 @@ class Executor:
                 await task
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
-        mono = self._clock.monotonic()
-        hold_s = max(0.0, (dispatch.not_before_ms - self._clock.now_ms()) / 1000)
-        job = Job(dispatch=dispatch, partition=partition,
-                  lease_deadline=mono + hold_s + dispatch.lease_s)
+        mono, now_ms = self._clock.monotonic(), self._clock.now_ms()
+        hold_s = max(0.0, (dispatch.not_before_ms - now_ms) / 1000)
+        # The owner's lease counts from its decision, not from our submit: an event processed
+        # late must not leave us calling after the owner gave the attempt up.
+        lease_s = ((dispatch.lease_until_ms - now_ms) / 1000 if dispatch.lease_until_ms
+                   else hold_s + dispatch.lease_s)
+        job = Job(dispatch=dispatch, partition=partition, lease_deadline=mono + lease_s)
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job)
             return
         heapq.heappush(self._held, (mono + hold_s, next(self._held_seq), job))
         self._held_ids[dispatch.exec_id] = job
-        self._unconfirmed.append(job)
-        self._confirm.set()
+        if self._before_dispatch is not None:
+            self._unconfirmed.append(job)
+            self._confirm.set()
         if self._held[0][2] is job:
             self._schedule_release()
 
@@ -188,6 +197,10 @@ class Executor:
         task = self._inflight.get(exec_id)
         if task is not None:
             task.cancel()
+            return
+        self._cancelled[exec_id] = None  # maybe queued: never called either
+        if len(self._cancelled) > CANCELLED_MAX:
+            del self._cancelled[next(iter(self._cancelled))]
 
     @property
     def backlog(self) -> int:
@@ -229,6 +242,9 @@ class Executor:
         early_ms = d.not_before_ms - self._clock.now_ms()
         if early_ms > 0:  # the release timer and the wall clock disagree by a hair
             await asyncio.sleep(early_ms / 1000)
+        if d.exec_id in self._cancelled:
+            del self._cancelled[d.exec_id]
+            return  # the owner recorded it cancelled; its token is fenced already
         started = self._clock.now_ms()
         target = d.target
         host = (urlsplit(target["url"]).hostname or "") if "url" in target else ""

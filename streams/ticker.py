@@ -20,7 +20,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from schemas import codec
+from schemas import codec, names
 from streams.engine.faust_store import first_timer_after, first_timer_key
 
 if TYPE_CHECKING:
@@ -89,12 +89,14 @@ class Ticker:
 
     def ticked(self, partition: int, *, more: bool) -> None:
         self._outstanding.pop(partition, None)
-        if more:
+        first = _due_of(first_timer_key(self._engine.timers, partition))
+        # Behind only if what is left is due already: a full window of decisions ahead (a
+        # spike being decided) is what fire-ahead is for.
+        if more and first is not None and first <= self._engine.clock.now_ms():
             self._more.add(partition)
         else:
             self._more.discard(partition)
-        self._next[partition] = (0 if more else
-                                 _due_of(first_timer_key(self._engine.timers, partition)))
+        self._next[partition] = 0 if more else first
         if self._ahead_ms:
             window = self._window.pop(partition, None)
             low = self._low.pop(partition, None)
@@ -105,7 +107,9 @@ class Ticker:
         self._wake.set()
 
     def _first_undecided(self, partition: int) -> int | None:
-        after = self._decided.get(partition, -1)
+        # From now at the earliest: a seek from the start would walk every tombstone that
+        # the due scan's key floor skips.
+        after = max(self._decided.get(partition, -1), self._engine.clock.now_ms())
         return _due_of(first_timer_after(self._engine.timers, partition, after))
 
     def _owned(self) -> frozenset[int]:
@@ -197,5 +201,9 @@ class Ticker:
             "now_ms": now_ms,
             "fire_ahead_ms": window,
         }
-        await self._engine.signals.send(key=b"tick", value=codec.encode("kron.engine.Tick",
-                                        record), partition=partition)
+        if window:
+            value = codec.encode(names.TICK, record)
+        else:  # as v1, which workers from before fire-ahead read too (a rolling upgrade)
+            del record["fire_ahead_ms"]
+            value = codec.default_codec().encode(names.TICK, record, version=1)
+        await self._engine.signals.send(key=b"tick", value=value, partition=partition)

@@ -9,6 +9,7 @@ the same events over the same state makes the same decisions.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +39,6 @@ MAX_RECENT_COMMANDS = 32
 # `allow` jobs drop finished runs from `running` when it grows past this, not at every
 # finish: that saves a job write per execution (see _finish).
 RUNNING_PRUNE_AT = 16
-# The lease of an attempt decided ahead of its slot starts at the due time and is this
-# short (heartbeats extend it): if the worker dies before the call, the next owner retries
-# the attempt soon after the takeover instead of after a full lease.
-EARLY_LEASE_S = 10.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +55,9 @@ class Dispatch:
     lease_s: float
     # Decided ahead (fire-ahead): the executor holds the call until this wall-clock time.
     not_before_ms: int = 0
+    # The owner's lease timer fails the attempt at this wall-clock time: a call not started
+    # by then is not started at all (it would race the retry).
+    lease_until_ms: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -283,8 +283,10 @@ class PartitionCore:
         if self.store.known_terminal(ex_id):
             return False
         ex = self.store.execution(ex_id)
+        # Decided before its due time (not merely fired at it), and that time still ahead.
         return (ex is not None and ex["state"] == "running" and ex["attempt"] == 1
-                and ex["trigger"] == "schedule" and ex["due_at_ms"] > ctx.now_ms)
+                and ex["trigger"] == "schedule"
+                and ex["created_at_ms"] < ex["due_at_ms"] and ex["due_at_ms"] > ctx.now_ms)
 
     def _resume(self, cmd: Record, job: Record, ctx: Context) -> None:
         if job["status"] == "paused":
@@ -397,11 +399,14 @@ class PartitionCore:
         fired: list[tuple[bytes, bytes]] = []
         lower = due_prefix_upper_bound(ctx.now_ms)
         upper = due_prefix_upper_bound(ctx.now_ms + ctx.fire_ahead_ms)
-        for key, value in self.store.timers_in(lower, upper):
-            if len(fired) >= room:
-                return fired, True
-            if self._fire_early(key, value, ctx):
-                fired.append((key, value))
+        # Closed however this ends: a RocksDB iterator must not outlive the event (a
+        # rebalance may close the DB while a dead-letter send awaits).
+        with contextlib.closing(self.store.timers_in(lower, upper)) as window:
+            for key, value in window:
+                if len(fired) >= room:
+                    return fired, True
+                if self._fire_early(key, value, ctx):
+                    fired.append((key, value))
         return fired, False
 
     def _fire_early(self, key: bytes, value: bytes, ctx: Context) -> bool:
@@ -654,7 +659,7 @@ class PartitionCore:
         """Start an attempt; one decided ahead (not_before_ms) starts, and is leased, from
         its due time."""
         start = max(ctx.now_ms, not_before_ms)
-        lease_s = plan.lease_s if start == ctx.now_ms else min(plan.lease_s, EARLY_LEASE_S)
+        lease_s = plan.lease_s
         ex["attempt"] += 1
         ex["fencing_token"] = ex["attempt"]
         ex["state"] = "running"
@@ -672,7 +677,8 @@ class PartitionCore:
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
             fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
-            lease_s=lease_s, not_before_ms=start if start > ctx.now_ms else 0))
+            lease_s=lease_s, not_before_ms=start if start > ctx.now_ms else 0,
+            lease_until_ms=ex["lease_until_ms"]))
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])

@@ -8,7 +8,7 @@ await, because a rebalance may close the DB.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from schemas import codec
@@ -68,7 +68,7 @@ def scan(table: Any, partition: int, *, upper: bytes | None = None,
 
 
 def scan_range(table: Any, partition: int, lower: bytes,
-               upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+               upper: bytes) -> Generator[tuple[bytes, bytes]]:
     """Ordered (key, value) pairs with lower <= key < upper. A RocksDB iterator reads the
     snapshot of its creation, so writes made meanwhile are not seen."""
     it = partition_db(table, partition).iter()
@@ -164,5 +164,5 @@ class TableStore:
     def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         return scan(self._timers, self._partition, upper=upper, limit=limit)
 
-    def timers_in(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def timers_in(self, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
         return scan_range(self._timers, self._partition, lower, upper)

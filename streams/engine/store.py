@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any, Protocol
 
 Record = dict[str, Any]
@@ -44,7 +44,7 @@ class PartitionStore(Protocol):
         """Timers whose key sorts below `upper`, in key (so due-time) order."""
         ...
 
-    def timers_in(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def timers_in(self, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
         """Timers with lower <= key < upper in key order, as they were when the iteration
         started: the caller may write timers while it iterates."""
         ...
@@ -98,7 +98,7 @@ class MemoryStore:
         end = bisect.bisect_left(self._keys, upper)
         return [(k, self.timers[k]) for k in self._keys[: min(end, limit)]]
 
-    def timers_in(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def timers_in(self, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
         lo, hi = bisect.bisect_left(self._keys, lower), bisect.bisect_left(self._keys, upper)
         yield from [(k, self.timers[k]) for k in self._keys[lo:hi]]
 

@@ -598,10 +598,9 @@ def test_fire_ahead_decides_one_offs_and_allow_jobs_early_and_holds_the_call() -
         ex = p.ex(d.job_id, d.scheduled_for_ms)
         assert ex["state"] == "running"
         assert ex["attempts"][0]["started_at_ms"] == d.not_before_ms
-        # The lease counts from the due time, and is short: a dead owner's slot is retried
-        # soon after the takeover.
-        assert d.lease_s == core_module.EARLY_LEASE_S
-        assert ex["lease_until_ms"] == d.not_before_ms + int(core_module.EARLY_LEASE_S * SEC)
+        # The lease counts from the due time; the executor gets its end, not just its length.
+        assert ex["lease_until_ms"] == d.not_before_ms + int(d.lease_s * SEC) == d.lease_until_ms
+    assert {d.job_id: d.lease_s for d in ds} == {"every": 60.0, "once": 10.0}
     assert p.job("once")["status"] == "completed"
     # skip_if_running judges `running` at the due time: never decided early.
     assert not p.execs("skip")
@@ -661,12 +660,12 @@ def test_a_delete_inside_the_window_cancels_the_slot_decided_early() -> None:
     assert p.ex("once", T0 + 2 * SEC)["state"] == "cancelled"
 
 
-def test_a_slot_decided_early_whose_owner_died_is_retried_after_its_short_lease() -> None:
+def test_a_slot_decided_early_whose_owner_died_is_retried_after_its_lease() -> None:
     p = Partition(T0, fire_ahead_ms=3 * SEC)
     p.create("once", run_at_ms=T0 + 2 * SEC, retry={"max_attempts": 3, "backoff": "fixed",
                                                     "base_s": 0.5, "max_s": 0.5})
     [d] = _dispatches(p.tick())
-    lease_until = d.not_before_ms + int(core_module.EARLY_LEASE_S * SEC)
+    lease_until = d.not_before_ms + int(d.lease_s * SEC)
     # The owner died before the due time; the next owner only has the timers.
     p.core = PartitionCore(p.store)
     assert _dispatches(p.tick(lease_until - 1)) == []
@@ -675,3 +674,18 @@ def test_a_slot_decided_early_whose_owner_died_is_retried_after_its_short_lease(
     assert ex["state"] == "retry_pending" and ex["attempts"][0]["outcome"] == "lease_expired"
     [again] = _dispatches(p.tick(ex["retry_at_ms"]))
     assert again.attempt == 2 and again.not_before_ms == 0
+
+
+def test_a_pause_stamped_before_a_slot_that_already_fired_does_not_cancel_it() -> None:
+    """A command's time is when the API accepted it; it may be processed after the tick
+    that fired the slot at its due time. Only a slot decided ahead is cancelled."""
+    p = Partition(T0 + 500)
+    p.create("once", run_at_ms=T0 + 2 * SEC)
+    [d] = _dispatches(p.tick(T0 + 2 * SEC))
+    p.now = T0 + 2 * SEC - 50
+    effects = p.command("PauseJob", "once")
+    assert not [e for e in effects if isinstance(e, Cancel)]
+    assert p.ex("once", T0 + 2 * SEC)["state"] == "running"
+    p.now = T0 + 2 * SEC + 10
+    p.report(d, "success")
+    assert p.ex("once", T0 + 2 * SEC)["state"] == "succeeded"

@@ -23,7 +23,10 @@ async def receiver() -> AsyncIterator[tuple[str, dict[str, int]]]:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         line = await reader.readline()
-        arrivals[line.split()[1].decode().lstrip("/")] = time.time_ns() // 1_000_000
+        path = line.split()[1].decode().lstrip("/")
+        arrivals[path] = time.time_ns() // 1_000_000
+        if path.startswith("hang"):
+            await asyncio.sleep(3600)
         while (await reader.readline()) not in (b"\r\n", b""):
             pass
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -83,3 +86,40 @@ def test_held_attempts_go_out_at_their_due_time_and_a_cancelled_one_never() -> N
     # Each attempt's reported start is its call, not its decision.
     starts = {r["exec_id"]: r["started_at_ms"] for _, r in reports}
     assert starts["soon"] >= starts["past"] and starts["late"] >= starts["soon"]
+
+
+def test_an_attempt_cancelled_while_queued_is_never_called() -> None:
+    """The pool's one runner is busy with a call that never answers; the next attempt
+    waits in the queue when the owner cancels it (a pause or delete just after its due
+    time): it must not go out once the runner is free."""
+    reports: list[tuple[str, dict[str, Any]]] = []
+    clock = SystemClock()
+
+    async def report(partition: int, name: str, record: dict[str, Any]) -> None:
+        reports.append((name, record))
+
+    async def run() -> dict[str, int]:
+        async with receiver() as (base, arrivals):
+            runner = HttpRunner(allow_private=True)
+            ex = Executor(runners={"http": runner}, report=report, clock=clock,
+                          worker_id="w", concurrency=1)
+            ex.start()
+            now = clock.now_ms()
+            ex.submit(dispatch(base, "hang", now - 10), 0)
+            ex.submit(dispatch(base, "queued", now - 10), 0)
+            for _ in range(300):
+                if "hang" in arrivals:
+                    break
+                await asyncio.sleep(0.01)
+            assert ex.backlog == 1
+            ex.cancel("queued")
+            ex.cancel("hang")  # frees the runner
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+            await ex.stop()
+            await runner.close()
+            return arrivals
+
+    arrivals = asyncio.run(run())
+    assert sorted(arrivals) == ["hang"]
+    assert [(r["exec_id"], r["error_class"]) for _, r in reports] == [("hang", "cancelled")]

@@ -81,6 +81,7 @@ class AheadEngine:
         self.keys: list[bytes] = []
         self.sent: list[int] = []
         self.windows: list[int] = []
+        self.budget: int | None = None  # timers one tick may fire (TICK_BUDGET)
         self.ticker: Ticker | None = None
         self.lease = SimpleNamespace(watch=lambda coordinator: None, valid=lambda: True)
         self.signals = SimpleNamespace(send=self._send)
@@ -96,15 +97,21 @@ class AheadEngine:
                      if int.from_bytes(k[:8], "big") > after_ms), None)
 
     async def _send(self, *, key: bytes, value: bytes, partition: int) -> None:
-        tick = codec.decode(value).record
+        decoded = codec.decode(value)
+        tick = decoded.record
         now, window = tick["now_ms"], tick["fire_ahead_ms"]
+        # A tick that decides nothing ahead is written as v1, which older workers read.
+        assert decoded.version == (2 if window else 1), (decoded.version, window)
         self.sent.append(now)
         self.windows.append(window)
-        self.keys = [k for k in self.keys if not (
+        fired = [k for k in sorted(self.keys) if (
             int.from_bytes(k[:8], "big") <= now
             or (k.endswith(b"E") and int.from_bytes(k[:8], "big") <= now + window))]
+        more = self.budget is not None and len(fired) > self.budget
+        fired = fired[:self.budget]
+        self.keys = [k for k in self.keys if k not in fired]
         assert self.ticker is not None
-        asyncio.get_running_loop().call_soon(lambda: self.ticker.ticked(partition, more=False))
+        asyncio.get_running_loop().call_soon(lambda: self.ticker.ticked(partition, more=more))
 
     def add(self, key: bytes) -> None:
         self.keys.append(key)
@@ -168,6 +175,33 @@ def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
         engine.clock.advance(ticker_mod.AHEAD_EVERY_S)
         await settle()
         assert engine.windows[4:] == [0, 3_000] and engine.keys == []
+        assert t._task is not None
+        t._task.cancel()
+
+    asyncio.run(run())
+
+
+def test_a_spike_decided_ahead_over_several_ticks_is_not_being_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick that hit its budget deciding ahead says "more", yet nothing is due: the next
+    tick goes out at once and keeps its window (being behind would send 0)."""
+    engine = AheadEngine()
+    engine.budget = 5
+    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
+    monkeypatch.setattr(ticker_mod, "first_timer_after",
+                        lambda table, p, after: engine.first(after))
+    monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.005)
+
+    async def run() -> None:
+        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        engine.keys = [_key(12_000 + i, eligible=True) for i in range(23)]
+        t.start()
+        for _ in range(100):
+            if not engine.keys:
+                break
+            await asyncio.sleep(0.005)
+        assert engine.keys == []
+        assert engine.windows == [3_000] * 5, engine.windows
         assert t._task is not None
         t._task.cancel()
 

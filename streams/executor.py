@@ -139,13 +139,14 @@ class Executor:
                 await task
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
-        mono, now_ms = self._clock.monotonic(), self._clock.now_ms()
-        hold_s = max(0.0, (dispatch.not_before_ms - now_ms) / 1000)
-        # The owner's lease counts from its decision, not from our submit: an event processed
-        # late must not leave us calling after the owner gave the attempt up.
-        lease_s = ((dispatch.lease_until_ms - now_ms) / 1000 if dispatch.lease_until_ms
-                   else hold_s + dispatch.lease_s)
-        job = Job(dispatch=dispatch, partition=partition, lease_deadline=mono + lease_s)
+        mono = self._clock.monotonic()
+        hold_s = max(0.0, (dispatch.not_before_ms - self._clock.now_ms()) / 1000)
+        # A full lease from the due time, or from now. Not from the owner's lease_until_ms:
+        # an event redelivered to a new owner after a takeover is processed seconds after
+        # its time, and dropping those calls left a slot to its lease expiry (a fault run
+        # lost attempts that way); calling races the owner's retry only as a new attempt.
+        job = Job(dispatch=dispatch, partition=partition,
+                  lease_deadline=mono + hold_s + dispatch.lease_s)
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job)
             return

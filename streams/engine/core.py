@@ -55,8 +55,7 @@ class Dispatch:
     lease_s: float
     # Decided ahead (fire-ahead): the executor holds the call until this wall-clock time.
     not_before_ms: int = 0
-    # The owner's lease timer fails the attempt at this wall-clock time: a call not started
-    # by then is not started at all (it would race the retry).
+    # When the owner's lease timer fails the attempt (wall clock), for logs and tests.
     lease_until_ms: int = 0
 
 

@@ -141,7 +141,7 @@ class Executor:
     def submit(self, dispatch: Dispatch, partition: int) -> None:
         mono = self._clock.monotonic()
         hold_s = max(0.0, (dispatch.not_before_ms - self._clock.now_ms()) / 1000)
-        # A full lease from the due time, or from now. Not from the owner's lease_until_ms:
+        # A full lease from the due time, or from now. Not from the end of the owner's lease:
         # an event redelivered to a new owner after a takeover is processed seconds after
         # its time, and dropping those calls left a slot to its lease expiry (a fault run
         # lost attempts that way); calling races the owner's retry only as a new attempt.

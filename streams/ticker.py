@@ -89,7 +89,8 @@ class Ticker:
 
     def ticked(self, partition: int, *, more: bool) -> None:
         self._outstanding.pop(partition, None)
-        first = _due_of(first_timer_key(self._engine.timers, partition))
+        first = (None if more and not self._ahead_ms
+                 else _due_of(first_timer_key(self._engine.timers, partition)))
         # Behind only if what is left is due already: a full window of decisions ahead (a
         # spike being decided) is what fire-ahead is for.
         if more and first is not None and first <= self._engine.clock.now_ms():
@@ -122,17 +123,20 @@ class Ticker:
     def _rescan(self, owned: frozenset[int]) -> None:
         for p in list(self._next):
             if p not in owned:
-                known: list[dict[int, Any]] = [
-                    self._next, self._outstanding, self._decided, self._early, self._window,
-                    self._low, self._early_sent]
-                for state in known:
-                    state.pop(p, None)
-                self._more.discard(p)
+                self._forget(p)
         for p in owned:
             with contextlib.suppress(Exception):  # a DB closing under a rebalance
                 self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
                 if self._ahead_ms:
                     self._early[p] = self._first_undecided(p)
+
+    def _forget(self, p: int) -> None:
+        """A partition no longer owned: its next owner keeps its own books."""
+        known: list[dict[int, Any]] = [self._next, self._outstanding, self._decided,
+                                       self._early, self._window, self._low, self._early_sent]
+        for state in known:
+            state.pop(p, None)
+        self._more.discard(p)
 
     async def _run(self) -> None:
         while True:

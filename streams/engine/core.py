@@ -55,8 +55,6 @@ class Dispatch:
     lease_s: float
     # Decided ahead (fire-ahead): the executor holds the call until this wall-clock time.
     not_before_ms: int = 0
-    # When the owner's lease timer fails the attempt (wall clock), for logs and tests.
-    lease_until_ms: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -658,13 +656,12 @@ class PartitionCore:
         """Start an attempt; one decided ahead (not_before_ms) starts, and is leased, from
         its due time."""
         start = max(ctx.now_ms, not_before_ms)
-        lease_s = plan.lease_s
         ex["attempt"] += 1
         ex["fencing_token"] = ex["attempt"]
         ex["state"] = "running"
         ex["worker"] = ctx.worker
         ex["retry_at_ms"] = None
-        ex["lease_until_ms"] = start + int(lease_s * 1000)
+        ex["lease_until_ms"] = start + int(plan.lease_s * 1000)
         ex["attempts"].append({
             "attempt": ex["attempt"], "fencing_token": ex["fencing_token"],
             "worker": ctx.worker, "started_at_ms": start, "finished_at_ms": None,
@@ -676,8 +673,7 @@ class PartitionCore:
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
             fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
-            lease_s=lease_s, not_before_ms=start if start > ctx.now_ms else 0,
-            lease_until_ms=ex["lease_until_ms"]))
+            lease_s=plan.lease_s, not_before_ms=start if start > ctx.now_ms else 0))
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])

@@ -41,25 +41,34 @@ async def receiver() -> AsyncIterator[tuple[str, dict[str, int]]]:
         server.close()
 
 
+clock = SystemClock()
+
+
 def dispatch(base: str, exec_id: str, not_before_ms: int) -> Dispatch:
     return Dispatch(exec_id=exec_id, job_id="j", tenant="t", scheduled_for_ms=not_before_ms,
                     attempt=1, fencing_token=1, lease_s=10.0, not_before_ms=not_before_ms,
                     target={"url": f"{base}/{exec_id}", "timeout_s": 10})
 
 
-def test_held_attempts_go_out_at_their_due_time_and_a_cancelled_one_never() -> None:
-    reports: list[tuple[str, dict[str, Any]]] = []
-    clock = SystemClock()
-
+def started_executor(reports: list[tuple[str, dict[str, Any]]], *,
+                     concurrency: int) -> tuple[Executor, HttpRunner]:
+    """A running pool whose reports land in `reports`; stop it and close the runner."""
     async def report(partition: int, name: str, record: dict[str, Any]) -> None:
         reports.append((name, record))
 
+    runner = HttpRunner(allow_private=True)
+    ex = Executor(runners={"http": runner}, report=report, clock=clock, worker_id="w",
+                  concurrency=concurrency)
+    ex.start()
+    return ex, runner
+
+
+def test_held_attempts_go_out_at_their_due_time_and_a_cancelled_one_never() -> None:
+    reports: list[tuple[str, dict[str, Any]]] = []
+
     async def run() -> dict[str, int]:
         async with receiver() as (base, arrivals):
-            runner = HttpRunner(allow_private=True)
-            ex = Executor(runners={"http": runner}, report=report, clock=clock,
-                          worker_id="w", concurrency=4)
-            ex.start()
+            ex, runner = started_executor(reports, concurrency=4)
             now = clock.now_ms()
             due = {"late": now + 600, "soon": now + 300, "past": now - 50, "gone": now + 400}
             for exec_id, at in due.items():
@@ -93,17 +102,10 @@ def test_an_attempt_cancelled_while_queued_is_never_called() -> None:
     waits in the queue when the owner cancels it (a pause or delete just after its due
     time): it must not go out once the runner is free."""
     reports: list[tuple[str, dict[str, Any]]] = []
-    clock = SystemClock()
-
-    async def report(partition: int, name: str, record: dict[str, Any]) -> None:
-        reports.append((name, record))
 
     async def run() -> dict[str, int]:
         async with receiver() as (base, arrivals):
-            runner = HttpRunner(allow_private=True)
-            ex = Executor(runners={"http": runner}, report=report, clock=clock,
-                          worker_id="w", concurrency=1)
-            ex.start()
+            ex, runner = started_executor(reports, concurrency=1)
             now = clock.now_ms()
             ex.submit(dispatch(base, "hang", now - 10), 0)
             ex.submit(dispatch(base, "queued", now - 10), 0)

@@ -4,9 +4,9 @@
 
 A small aiohttp server answers 200 on 127.0.0.1 in a child process, so time.process_time()
 here counts only the client (the runner, its HTTP library and the event loop). "old" is
-streams/targets.py as of --old-rev (the httpx runner), loaded from git into a module of its
-own; "new" is the working tree's. Rounds alternate old and new, so drifting machine load
-hits both alike; the median round is reported. uvloop, as in the worker.
+streams/targets.py as of --old-rev (by default the aiohttp runner), loaded from git into a
+module of its own; "new" is the working tree's. Rounds alternate old and new, so drifting
+machine load hits both alike; the median round is reported. uvloop, as in the worker.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from streams import targets as new_targets  # noqa: E402
 from streams.targets import AttemptInfo  # noqa: E402
 
-# The last commit whose HttpRunner is the httpx one.
-OLD_REV = "1b18a47"
+# The last commit whose HttpRunner is the aiohttp one (1b18a47 has the httpx one).
+OLD_REV = "fbc94c0"
 INFO = AttemptInfo(exec_id="e1", job_id="j1", scheduled_for_iso="2026-01-01T00:00:00Z",
                    attempt=1, fencing_token=7, now_ms=0)
 

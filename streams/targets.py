@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 import certifi
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from streams.domain.errors import PermanentError
 from streams.domain.retry import ErrorClass, classify_http_status, parse_retry_after
-from streams.netguard import Resolver, check_url, resolve_pinned, system_resolver
+from streams.http1 import Http1Client
+from streams.netguard import IPAddress, Resolver, check_url, resolve_pinned, system_resolver
 
 EXCERPT_BYTES = 512
 
@@ -44,34 +42,13 @@ class Runner(Protocol):
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome: ...
 
 
-class PinnedResolver(AbstractResolver):
-    """aiohttp's resolver hook, asked on every new connection (the connector's DNS cache is
-    off): one resolution, every address checked by netguard, and aiohttp then dials exactly
-    the addresses returned here while keeping the URL's host name for SNI, the certificate
-    check and the Host header. So the check applies to the addresses actually connected to,
-    and a DNS answer that changes afterwards (rebinding) is never used."""
-
-    def __init__(self, *, allow_private: bool, resolver: Resolver = system_resolver) -> None:
-        self._allow_private = allow_private
-        self._resolver = resolver
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        # Raises BlockedAddress (a PermanentError, passed through by aiohttp) or OSError
-        # (aiohttp makes it ClientConnectorDNSError: transient).
-        addresses = await resolve_pinned(host, port, allow_private=self._allow_private,
-                                         resolver=self._resolver)
-        return [ResolveResult(hostname=host, host=str(addr), port=port,
-                              family=socket.AF_INET6 if addr.version == 6 else socket.AF_INET,
-                              proto=0, flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV)
-                for addr in addresses]  # in the resolver's order; aiohttp tries each
-
-    async def close(self) -> None:
-        pass
-
-
 class HttpRunner:
-    """One aiohttp session (connection pool, keep-alive) for every HTTP attempt."""
+    """Every HTTP attempt goes through one keep-alive client (streams/http1.py). Each new
+    connection asks netguard for the host's addresses: one resolution, every address
+    checked, and the socket dials exactly those while the URL's host name stays the SNI
+    name, the certificate's subject and the Host header. So the check applies to the
+    addresses actually connected to, and a DNS answer that changes afterwards (rebinding)
+    is never used."""
 
     def __init__(self, *, allow_private: bool, max_connections: int = 512,
                  max_per_host: int = 256, resolver: Resolver = system_resolver,
@@ -79,42 +56,28 @@ class HttpRunner:
         self._allow_private = allow_private
         self._max_connections = max_connections
         self._max_per_host = max_per_host
-        self._resolver = PinnedResolver(allow_private=allow_private, resolver=resolver)
-        # Same trust store as the httpx runner had (certifi), not the OS's.
-        self._ssl: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=certifi.where()) if verify is True else verify)
-        self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._resolver = resolver
+        self._ssl = _ssl_context(verify)
+        self._http: Http1Client | None = None
 
-    def _client(self) -> aiohttp.ClientSession:
-        # Built on first use: aiohttp binds a session to the running event loop.
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=self._max_per_host,
-                use_dns_cache=False, resolver=self._resolver, ssl=self._ssl)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                # No proxy from the environment (HTTP_PROXY would resolve and connect on
-                # our behalf, unchecked) and no .netrc credentials.
-                trust_env=False,
-                # Jobs of different tenants share the session: no cookies carried between
-                # them (and no per-response cookie parsing).
-                cookie_jar=aiohttp.DummyCookieJar(),
-                # The body goes as given; aiohttp would otherwise add a Content-Type.
-                skip_auto_headers=("Content-Type",))
-        return self._session
+    def _client(self) -> Http1Client:
+        # Built on first use: its semaphores belong to the running event loop.
+        if self._http is None:
+            self._http = Http1Client(
+                resolve=self._resolve, ssl_context=self._ssl,
+                max_connections=self._max_connections, max_per_host=self._max_per_host,
+                excerpt_bytes=EXCERPT_BYTES)
+        return self._http
+
+    async def _resolve(self, host: str, port: int) -> list[IPAddress]:
+        # Raises BlockedAddress (a PermanentError) or OSError (transient).
+        return await resolve_pinned(host, port, allow_private=self._allow_private,
+                                    resolver=self._resolver)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
-        # Whole attempt: connection wait, DNS, connect, TLS, request and the full body.
-        timeout = self._timeouts.get(seconds)
-        if timeout is None:
-            timeout = self._timeouts.setdefault(seconds, aiohttp.ClientTimeout(total=seconds))
-        return timeout
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
         try:
@@ -131,37 +94,33 @@ class HttpRunner:
             "X-Kron-Fencing-Token": str(info.fencing_token),
         }
         body = target.get("body")
+        timeout_s = float(target.get("timeout_s", 30.0))
         try:
-            async with self._client().request(
-                    target.get("method", "POST"), target["url"], headers=headers,
-                    data=body.encode() if isinstance(body, str) else body,
-                    timeout=self._timeout(float(target.get("timeout_s", 30.0))),
-                    allow_redirects=False) as resp:
-                excerpt = await _read_excerpt(resp)
-        except PermanentError as exc:  # PinnedResolver refused the addresses the name has
+            resp = await self._client().request(
+                target.get("method", "POST"), target["url"], headers,
+                body.encode() if isinstance(body, str) else body, timeout_s)
+        except PermanentError as exc:  # refused addresses, a URL that can't be dialled
             return Outcome(ok=False, error_class=ErrorClass.PERMANENT, error=str(exc))
         except TimeoutError as exc:  # before OSError: it is one
             return Outcome(ok=False, error_class=ErrorClass.TIMEOUT,
                            error=f"timed out after {target.get('timeout_s', 30.0)}s: "
                                  f"{type(exc).__name__}")
-        except aiohttp.InvalidURL as exc:  # e.g. a legacy IPv4 form aiohttp won't dial
-            return Outcome(ok=False, error_class=ErrorClass.PERMANENT,
-                           error=f"{type(exc).__name__}: {exc}")
-        except (aiohttp.ClientError, OSError) as exc:  # refused, reset, TLS, bad response
+        except OSError as exc:  # refused, reset, TLS, a response that isn't HTTP
             return Outcome(ok=False, error_class=ErrorClass.TRANSIENT,
                            error=f"{type(exc).__name__}: {exc}")
-        return _http_outcome(resp.status, resp.headers.get("retry-after"), excerpt, info.now_ms)
+        return _http_outcome(resp.status, resp.retry_after,
+                             resp.excerpt.decode("utf-8", "replace"), info.now_ms)
 
 
-async def _read_excerpt(resp: aiohttp.ClientResponse) -> str:
-    """The body's first EXCERPT_BYTES. The rest is read and dropped, not left unread: as
-    with httpx, a slow body counts against the timeout and the connection stays reusable,
-    and memory stays bounded whatever the size."""
-    head = b""
-    while chunk := await resp.content.readany():
-        if len(head) < EXCERPT_BYTES:
-            head += chunk[:EXCERPT_BYTES - len(head)]
-    return head.decode("utf-8", "replace")
+def _ssl_context(verify: ssl.SSLContext | bool) -> ssl.SSLContext:
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    # Same trust store as the httpx and aiohttp runners had (certifi), not the OS's.
+    context = ssl.create_default_context(cafile=certifi.where())
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def _http_outcome(status: int, retry_after: str | None, excerpt: str, now_ms: int) -> Outcome:

@@ -6,7 +6,7 @@ DNS is stubbed (a resolver function passed to HttpRunner): real DNS can't be mad
 with chosen or changing addresses here. The public addresses the stub hands out can't be
 reached from this machine either, so the tests' "network" (the event loop's sock_connect,
 the call that dials a socket) records the address it was asked to connect to and then
-connects to a local server instead. Everything between (aiohttp's connector and pool, TLS,
+connects to a local server instead. Everything between (the client's pool, TLS,
 the HTTP exchange) is the real code.
 """
 

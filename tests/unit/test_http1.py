@@ -1,0 +1,203 @@
+"""The attempt HTTP client (streams/http1.py) against a scripted server on loopback.
+
+The server is a real asyncio TCP server: each accepted connection answers the requests it
+reads with the next canned responses, byte for byte, so framing cases (chunked, a body that
+ends with the connection, 1xx, a server that closes) reach the client as a server would send
+them. The SSRF and TLS cases are in test_security_http.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from streams.domain.errors import PermanentError
+from streams.http1 import BadResponse, Http1Client, Url, request_bytes
+from streams.netguard import IPAddress, parse_ip
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+CLOSE = b"<close>"
+
+
+class Scripted:
+    """answer(request_number, raw_request) -> bytes to write, or None to close; bytes
+    ending in CLOSE are written and then the connection is closed."""
+
+    def __init__(self, answer: Callable[[int, bytes], bytes | None]) -> None:
+        self.answer = answer
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                out = self.answer(len(self.requests), request)
+                if out is None:
+                    break
+                writer.write(out.removesuffix(CLOSE))
+                await writer.drain()
+                if out.endswith(CLOSE):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+
+async def loopback(host: str, port: int) -> list[IPAddress]:
+    ip = parse_ip(host)
+    assert ip is not None
+    return [ip]
+
+
+Serve = Callable[..., Awaitable[tuple[Scripted, Http1Client]]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    made: list[tuple[Scripted, Http1Client]] = []
+
+    async def make(answer: Callable[[int, bytes], bytes | None],
+                   **kw: int) -> tuple[Scripted, Http1Client]:
+        server = Scripted(answer)
+        await server.start()
+        client = Http1Client(resolve=loopback, ssl_context=ssl.create_default_context(),
+                             excerpt_bytes=16, **kw)
+        made.append((server, client))
+        return server, client
+
+    yield make
+    for server, client in made:
+        await client.close()
+        await server.stop()
+
+
+def url(server: Scripted, path: str = "/hook") -> str:
+    return f"http://127.0.0.1:{server.port}{path}"
+
+
+async def test_keep_alive_reuses_one_connection(serve: Serve) -> None:
+    server, client = await serve(lambda n, req: OK)
+    for _ in range(5):
+        resp = await client.request("POST", url(server), {}, b"{}", 5.0)
+        assert (resp.status, resp.excerpt) == (200, b"ok")
+    assert server.connections == 1 and len(server.requests) == 5
+
+
+async def test_chunked_body_is_cut_to_the_excerpt_and_the_rest_drained(serve: Serve) -> None:
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in [b"a" * 10, b"b" * 30, b"c" * 5])
+    body = b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\nRetry-After: 7\r\n\r\n"
+    server, client = await serve(lambda n, req: body + chunks + b"0\r\n\r\n" if n == 1 else OK)
+    resp = await client.request("GET", url(server), {}, None, 5.0)
+    assert (resp.status, resp.retry_after, resp.excerpt) == (503, "7", b"a" * 10 + b"b" * 6)
+    again = await client.request("GET", url(server), {}, None, 5.0)
+    assert again.excerpt == b"ok" and server.connections == 1  # fully read, so reusable
+
+
+async def test_body_ended_by_the_connection_close(serve: Serve) -> None:
+    server, client = await serve(
+        lambda n, req: b"HTTP/1.0 200 OK\r\n\r\nuntil eof" + CLOSE)
+    resp = await client.request("GET", url(server), {}, None, 5.0)
+    assert (resp.status, resp.excerpt) == (200, b"until eof")
+
+
+async def test_interim_100_continue_is_skipped(serve: Serve) -> None:
+    server, client = await serve(lambda n, req: b"HTTP/1.1 100 Continue\r\n\r\n" + OK)
+    resp = await client.request("POST", url(server), {}, b"x", 5.0)
+    assert (resp.status, resp.excerpt) == (200, b"ok")
+
+
+async def test_server_closing_after_a_response_gets_a_fresh_connection(serve: Serve) -> None:
+    close = b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+    server, client = await serve(lambda n, req: close)
+    for _ in range(3):
+        assert (await client.request("DELETE", url(server), {}, None, 5.0)).status == 204
+    assert server.connections == 3
+
+
+async def test_head_answers_without_waiting_for_a_body(serve: Serve) -> None:
+    server, client = await serve(lambda n, req: b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n")
+    resp = await client.request("HEAD", url(server), {}, None, 2.0)
+    assert resp.status == 200 and resp.excerpt == b""
+
+
+async def test_reset_and_garbage_are_transient_errors(serve: Serve) -> None:
+    server, client = await serve(lambda n, req: None if n == 1 else b"SSH-2.0-OpenSSH\r\n\r\n")
+    with pytest.raises(ConnectionResetError):
+        await client.request("GET", url(server), {}, None, 5.0)
+    with pytest.raises(BadResponse):
+        await client.request("GET", url(server), {}, None, 5.0)
+    # Refused: nothing listens any more.
+    await server.stop()
+    with pytest.raises(OSError):
+        await client.request("GET", url(server), {}, None, 5.0)
+
+
+async def test_timeout_covers_a_response_that_never_ends(serve: Serve) -> None:
+    server, client = await serve(
+        lambda n, req: b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc" if n == 1 else OK)
+    with pytest.raises(TimeoutError):
+        await client.request("GET", url(server), {}, None, 0.3)
+    # That connection was mid-response: it is dropped, not handed to the next request.
+    assert (await client.request("GET", url(server), {}, None, 5.0)).excerpt == b"ok"
+    assert server.connections == 2
+
+
+async def test_per_host_limit_bounds_connections(serve: Serve) -> None:
+    server, client = await serve(lambda n, req: OK, max_per_host=3)
+    out = await asyncio.gather(*(client.request("GET", url(server), {}, None, 5.0)
+                                 for _ in range(30)))
+    assert all(r.status == 200 for r in out)
+    assert server.connections <= 3
+
+
+def test_request_framing_is_the_clients_own() -> None:
+    where = Url.parse("http://user:p%40ss@example.com:8080/a b?q=1 2#frag")
+    raw = request_bytes("POST", where, {"Content-Length": "0", "Host": "evil",
+                                        "Transfer-Encoding": "chunked", "X-A": "1"}, b"body")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /a%20b?q=1%202 HTTP/1.1"
+    assert b"Host: example.com:8080" in lines and b"Host: evil" not in lines
+    assert b"Content-Length: 4" in lines and b"Transfer-Encoding: chunked" not in lines
+    assert b"Authorization: Basic dXNlcjpwQHNz" in lines and b"X-A: 1" in lines
+    assert body == b"body"
+    assert Url.parse("https://[::1]/").host_header == "[::1]"
+    with pytest.raises(PermanentError):
+        request_bytes("GET", where, {"X-B": "a\r\nHost: evil"}, None)
+    with pytest.raises(PermanentError):
+        Url.parse("http://example.com:99999/")
+
+
+async def test_a_pooled_connection_the_server_closed_is_not_reused(serve: Serve) -> None:
+    # Keep-alive by the headers, then closed by the server while idle in the pool.
+    server, client = await serve(lambda n, req: OK + CLOSE)
+    assert (await client.request("GET", url(server), {}, None, 5.0)).excerpt == b"ok"
+    pooled, _ = client._idle[(False, "127.0.0.1", server.port)][-1]
+    for _ in range(200):  # bounded: the close reaches the protocol within a few loop turns
+        if pooled.closed:
+            break
+        await asyncio.sleep(0.005)
+    assert pooled.closed
+    assert (await client.request("GET", url(server), {}, None, 5.0)).excerpt == b"ok"
+    assert server.connections == 2

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
+import re
 import ssl
 import time
+from asyncio import staggered
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -36,11 +40,20 @@ Resolve = Callable[[str, int], Awaitable[list[IPAddress]]]
 
 FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection",
                      "keep-alive", "proxy-connection", "te", "trailer", "upgrade"})
-# Methods whose request carries a body even when empty: servers expect the length.
-WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+# Methods sent without a Content-Length when they have no body (aiohttp's set); the
+# others say "Content-Length: 0", which servers expect of a bodiless POST or DELETE.
+NO_BODY = frozenset({"GET", "HEAD", "OPTIONS", "CONNECT", "TRACE"})
+# Sent again on a fresh connection when a pooled one closed before any answer.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # yarl's (aiohttp's) set: characters left as they are when a path is requoted.
 PATH_SAFE = "/%:@!$&'()*+,;=-._~"
+BARE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 URL_CACHE_MAX = 4096
+# Below the 5 s idle timeout of common servers (Node, uvicorn, gunicorn): a connection we
+# still think is open is rarely one the server is closing.
+IDLE_S = 4.0
+HAPPY_EYEBALLS_S = 0.25
 
 
 class BadResponse(OSError):
@@ -57,7 +70,8 @@ class Response:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Url:
     tls: bool
-    host: str  # as the resolver and the certificate check want it: no brackets
+    host: str  # as the resolver wants it: no brackets, IDNA-encoded
+    server_name: str  # for SNI and the certificate check: no trailing dot
     port: int
     origin: tuple[bool, str, int]
     target: str  # path and query, requoted
@@ -75,19 +89,31 @@ class Url:
             raise PermanentError("target.url must be an absolute http(s) URL", field="target.url")
         tls = parts.scheme == "https"
         host = parts.hostname
+        if not host.isascii():
+            try:
+                host = host.encode("idna").decode("ascii")
+            except UnicodeError as exc:
+                raise PermanentError(f"target.url has a bad host name: {exc}",
+                                     field="target.url") from None
         default = 443 if tls else 80
         port = default if port is None else port
-        shown = f"[{host}]" if ":" in host else host
-        target = quote(parts.path or "/", safe=PATH_SAFE)
+        name = host.rstrip(".")
+        shown = f"[{name}]" if ":" in name else name
+        target = _requote(parts.path or "/")
         if parts.query:
-            target += "?" + quote(parts.query, safe=PATH_SAFE + "?")
+            target += "?" + _requote(parts.query, "?")
         auth = None
         if parts.username is not None:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             auth = "Basic " + base64.b64encode(pair.encode()).decode()
-        return cls(tls=tls, host=host, port=port, origin=(tls, host, port), target=target,
+        return cls(tls=tls, host=host, server_name=name, port=port, origin=(tls, host, port),
+                   target=target,
                    host_header=shown if port == default else f"{shown}:{port}",
                    authorization=auth)
+
+
+def _requote(part: str, safe: str = "") -> str:
+    return BARE_PERCENT.sub("%25", quote(part, safe=PATH_SAFE + safe))
 
 
 def request_bytes(method: str, url: Url, headers: Mapping[str, str], body: bytes | None) -> bytes:
@@ -97,8 +123,8 @@ def request_bytes(method: str, url: Url, headers: Mapping[str, str], body: bytes
         lower = name.lower()
         if lower in FRAMING:
             continue
-        if any(c in name or c in value for c in "\r\n\x00"):
-            raise PermanentError("header names and values can't hold CR, LF or NUL",
+        if not TOKEN.fullmatch(name):  # " Transfer-Encoding" would slip past FRAMING
+            raise PermanentError(f"header name {name!r} is not an RFC 7230 token",
                                  field=f"target.headers.{name}")
         given.add(lower)
         lines.append(f"{name}: {value}")
@@ -108,20 +134,68 @@ def request_bytes(method: str, url: Url, headers: Mapping[str, str], body: bytes
         lines.append("User-Agent: kron")
     if "accept" not in given:
         lines.append("Accept: */*")
-    if body is not None or method in WITH_BODY:
+    if body is not None or method not in NO_BODY:
         lines.append(f"Content-Length: {len(body or b'')}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+    head = "\r\n".join(lines)
+    # One pass for the whole head instead of one per header: only the separators may
+    # break a line, so a CR, LF or NUL inside a name or value shows as a count mismatch.
+    breaks = len(lines) - 1
+    if head.count("\n") != breaks or head.count("\r") != breaks or "\x00" in head:
+        raise PermanentError("header names and values can't hold CR, LF or NUL",
+                             field="target.headers")
+    return (head + "\r\n\r\n").encode() + (body or b"")
+
+
+class Slots:
+    """A counting limit, first come first served. asyncio.Semaphore (3.11) scans its
+    waiters on every acquire and release: with 1,024 executor tasks queued behind one
+    host's 256 connections, that scan was 8% of the worker in a burst. Here both are O(1):
+    a release hands its slot straight to the oldest waiter still waiting."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def __aenter__(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed a slot, then cancelled
+                self._release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def unused(self) -> bool:
+        return not self._waiters and self._free == self._size
+
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a cancelled waiter's future is done: skipped
+                waiter.set_result(None)
+                return
+        self._free += 1
 
 
 class Connection(asyncio.Protocol):
     """One socket, one exchange at a time. httptools calls the on_* methods."""
 
-    def __init__(self, excerpt_bytes: int) -> None:
+    def __init__(self, excerpt_bytes: int, on_lost: Callable[[Connection], None]) -> None:
         self._limit = excerpt_bytes
+        self._on_lost = on_lost
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False
+        self.answered = False  # any byte of a response to the current request
         self._waiter: asyncio.Future[Response] | None = None
         self._head = False
         self._reset()
@@ -140,18 +214,21 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._waiter is None or self._waiter.done():
+        if self._waiter is None:
             self.close()  # nothing was asked: a server talking out of turn isn't reused
             return
+        self.answered = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self.reusable = False
+            self.close()
         except httptools.HttpParserError as exc:
             self._fail(BadResponse(f"bad HTTP response: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.reusable = False
+        self._on_lost(self)
         if self._headers_done and not self._framed and self._status not in (204, 304):
             self._finish(keep_alive=False)  # a body delimited by the connection's end
         else:
@@ -159,11 +236,20 @@ class Connection(asyncio.Protocol):
 
     # --- httptools ------------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._waiter is None:
+            # Bytes after the answer, in the same read: whatever they are, they'd be taken
+            # for the next request's answer on a pooled connection.
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._headers_done:  # a trailer: the answer's headers are settled
+            return
         lower = name.lower()
         if lower == b"retry-after":
             self._retry_after = value.decode("latin-1")
-        elif lower in (b"content-length", b"transfer-encoding"):
+        elif lower == b"content-length" or (lower == b"transfer-encoding"
+                                            and b"chunked" in value.lower()):
             self._framed = True
 
     def on_headers_complete(self) -> None:
@@ -191,6 +277,7 @@ class Connection(asyncio.Protocol):
         self._reset()
         self._head = head
         self.reusable = False
+        self.answered = False
         self._waiter = asyncio.get_running_loop().create_future()
         self.transport.write(payload)
         return self._waiter
@@ -198,7 +285,7 @@ class Connection(asyncio.Protocol):
     def _finish(self, *, keep_alive: bool) -> None:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
-            self.reusable = keep_alive and not self.closed
+            self.reusable = keep_alive and not self.closed and not self._head
             waiter.set_result(Response(status=self._status, retry_after=self._retry_after,
                                        excerpt=bytes(self._body)))
 
@@ -208,30 +295,41 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
+    def transport_closing(self) -> bool:
+        return self.closed or self.transport is None or self.transport.is_closing()
+
     def close(self) -> None:
         self.reusable = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
 
+Origin = tuple[bool, str, int]
+
+
 class Http1Client:
     """Keep-alive pools per origin, bounded like aiohttp's connector was: at most
-    `max_connections` exchanges at once and `max_per_host` per origin."""
+    `max_per_host` exchanges at once per origin and `max_connections` in all."""
 
     def __init__(self, *, resolve: Resolve, ssl_context: ssl.SSLContext,
                  max_connections: int = 512, max_per_host: int = 256,
-                 idle_s: float = 15.0, excerpt_bytes: int = 512) -> None:
+                 idle_s: float = IDLE_S, excerpt_bytes: int = 512) -> None:
         self._resolve = resolve
         self._ssl = ssl_context
         self._max_per_host = max_per_host
-        self._slots = asyncio.Semaphore(max_connections)
-        self._host_slots: dict[tuple[bool, str, int], asyncio.Semaphore] = {}
-        self._idle: dict[tuple[bool, str, int], list[tuple[Connection, float]]] = {}
+        self._slots = Slots(max_connections)
+        self._host_slots: dict[Origin, Slots] = {}
+        # Per origin, in the order put back (the newest is reused first); a connection
+        # leaves its pool when taken, when it closes, or when a sweep finds it expired.
+        self._idle: dict[Origin, dict[Connection, float]] = {}
+        self._where: dict[Connection, Origin] = {}
         self._idle_count = 0
         self._idle_max = max_connections
         self._idle_s = idle_s
+        self._swept = time.monotonic()
         self._excerpt = excerpt_bytes
         self._urls: dict[str, Url] = {}
+        self._closed = False
 
     def url(self, url: str) -> Url:
         parsed = self._urls.get(url)
@@ -247,57 +345,115 @@ class Http1Client:
         payload = request_bytes(method, where, headers, body)
         host_slots = self._host_slots.get(where.origin)
         if host_slots is None:
-            host_slots = self._host_slots[where.origin] = asyncio.Semaphore(self._max_per_host)
-        async with asyncio.timeout(timeout_s), self._slots, host_slots:
-            conn = self._take_idle(where.origin) or await self._connect(where)
+            host_slots = self._host_slots[where.origin] = Slots(self._max_per_host)
+        try:
+            # The host's limit first: requests queued behind one busy host must not hold
+            # the global slots other hosts' requests need.
+            async with asyncio.timeout(timeout_s), host_slots, self._slots:
+                return await self._exchange(method, where, payload)
+        finally:
+            if host_slots.unused():
+                self._host_slots.pop(where.origin, None)
+
+    async def _exchange(self, method: str, where: Url, payload: bytes) -> Response:
+        conn = self._take_idle(where.origin)
+        if conn is not None:
             try:
-                response = await conn.send(payload, head=method == "HEAD")
-            finally:
-                if conn.reusable:
-                    self._put_idle(where.origin, conn)
-                else:
-                    conn.close()
-            return response
+                return await self._send(conn, where, payload, method == "HEAD")
+            except ConnectionError:
+                # A pooled connection the server closed as the request went out (its idle
+                # timeout raced ours): nothing was answered, so an idempotent request goes
+                # again on a fresh connection, as aiohttp did. Others fail as sent.
+                if conn.answered or method not in IDEMPOTENT:
+                    raise
+        conn = await self._connect(where)
+        return await self._send(conn, where, payload, method == "HEAD")
+
+    async def _send(self, conn: Connection, where: Url, payload: bytes, head: bool) -> Response:
+        try:
+            return await conn.send(payload, head=head)
+        finally:
+            if conn.reusable and not self._closed:
+                self._put_idle(where.origin, conn)
+            else:
+                conn.close()
 
     async def close(self) -> None:
         # Exchanges in flight close their own connections when they end or time out.
-        for pool in self._idle.values():
-            for conn, _ in pool:
+        self._closed = True
+        for pool in list(self._idle.values()):
+            for conn in list(pool):
                 conn.close()
         self._idle.clear()
+        self._where.clear()
         self._idle_count = 0
 
-    def _take_idle(self, origin: tuple[bool, str, int]) -> Connection | None:
+    def _take_idle(self, origin: Origin) -> Connection | None:
         pool = self._idle.get(origin)
         now = time.monotonic()
         while pool:
-            conn, since = pool.pop()
+            conn, since = pool.popitem()
             self._idle_count -= 1
-            if not conn.closed and now - since < self._idle_s:
+            del self._where[conn]
+            if not pool:
+                del self._idle[origin]
+            if now - since < self._idle_s and not conn.transport_closing():
                 return conn
             conn.close()
         return None
 
-    def _put_idle(self, origin: tuple[bool, str, int], conn: Connection) -> None:
+    def _put_idle(self, origin: Origin, conn: Connection) -> None:
+        now = time.monotonic()
+        if now - self._swept > self._idle_s:
+            self._sweep(now)
         if self._idle_count >= self._idle_max:
             conn.close()
             return
-        self._idle.setdefault(origin, []).append((conn, time.monotonic()))
+        self._idle.setdefault(origin, {})[conn] = now
+        self._where[conn] = origin
         self._idle_count += 1
+
+    def _forget(self, conn: Connection) -> None:
+        """A connection closed (by either side): out of its pool at once, so the idle cap
+        counts only connections that can still be used."""
+        origin = self._where.pop(conn, None)
+        if origin is None:
+            return
+        pool = self._idle[origin]
+        del pool[conn]
+        self._idle_count -= 1
+        if not pool:
+            del self._idle[origin]
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        for pool in list(self._idle.values()):
+            for conn, since in list(pool.items()):
+                if now - since >= self._idle_s:
+                    conn.close()  # connection_lost, soon, takes it out of the pool
+                    self._forget(conn)
 
     async def _connect(self, where: Url) -> Connection:
         # The resolver's addresses, in its order; the name never reaches the socket layer.
+        # As aiohttp did (RFC 8305), the next address is tried if one hasn't connected
+        # within HAPPY_EYEBALLS_S, racing it: a blackholed IPv6 address costs 0.25 s.
         addresses = await self._resolve(where.host, where.port)
+        if not addresses:
+            raise OSError(f"{where.host!r} resolved to no address")
         loop = asyncio.get_running_loop()
-        error: OSError = OSError(f"{where.host!r} resolved to no address")
-        for address in addresses:
-            try:
-                _, conn = await loop.create_connection(
-                    lambda: Connection(self._excerpt), host=str(address), port=where.port,
-                    ssl=self._ssl if where.tls else None,
-                    server_hostname=where.host if where.tls else None)
-            except OSError as exc:  # refused, unreachable, TLS: the next address may do
-                error = exc
-                continue
-            return conn
-        raise error
+
+        def factory() -> Connection:
+            return Connection(self._excerpt, self._forget)
+
+        attempts = [functools.partial(
+            loop.create_connection, factory, host=str(address), port=where.port,
+            ssl=self._ssl if where.tls else None,
+            server_hostname=where.server_name if where.tls else None)
+            for address in addresses]
+        won, _, errors = await staggered.staggered_race(attempts, HAPPY_EYEBALLS_S)
+        if won is None:
+            error = next((e for e in reversed(errors) if e is not None), None)
+            if isinstance(error, OSError):
+                raise error
+            raise OSError(f"no address of {where.host!r} could be reached: {error!r}")
+        return cast(Connection, won[1])

@@ -53,6 +53,8 @@ TICK_BUDGET = 2048
 # at most the wait; fetch round trips drop from one per record to a few hundred a second.
 FETCH_MIN_BYTES = 64 << 10
 FETCH_WAIT_MS = 5
+# More attempts than this queued for a runner: a spike's calls are still going out.
+RESULTS_WAIT_BACKLOG = 256
 
 
 @dataclass(kw_only=True)
@@ -115,7 +117,7 @@ class Engine:
         # Built now, started with the app: a dispatch may arrive before the start-up task.
         self.barrier = DurabilityBarrier(self._flush)
         self.results = ResultBatcher(send=self._send_signal, clock=self.clock,
-                                     worker_id=settings.worker_id)
+                                     worker_id=settings.worker_id, busy=self._calls_waiting)
         self.executor = Executor(
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
                      "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
@@ -241,9 +243,10 @@ class Engine:
         await self.changelog.publish(topic, key, value,
                                      [(k, v.encode()) for k, v in headers.items()])
 
-    async def _report(self, partition: int, name: str, record: dict[str, Any]) -> None:
+    async def _report(self, partition: int, name: str, record: dict[str, Any], /, *,
+                      lease_deadline: float | None = None) -> None:
         if name in RESULTS:
-            self.results.add(partition, result_item(name, record))
+            self.results.add(partition, result_item(name, record), lease_deadline=lease_deadline)
             return
         value = codec.encode_trusted(name, record)
         await self.signals.send(key=record.get("job_id", "").encode(), value=value,
@@ -275,6 +278,10 @@ class Engine:
             self._owned = frozenset(actives)
             self._owned_for = assignment
         return self._owned
+
+    def _calls_waiting(self) -> bool:
+        """Attempts queued for a runner: results then wait (streams/reports.py)."""
+        return self.executor.backlog > RESULTS_WAIT_BACKLOG
 
     def owns(self, partition: int) -> bool:
         """May this process still act for the partition? Checked before every dispatch."""

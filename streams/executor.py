@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from kron.clock import Clock
@@ -29,8 +29,12 @@ log = logging.getLogger("kron.executor")
 
 CANCELLED_MAX = 65_536
 
-# report(partition, record_name, record) -> awaitable; sends to the partition's own signals.
-Reporter = Callable[[int, str, dict[str, Any]], Awaitable[None]]
+class Reporter(Protocol):
+    """Sends a record to the partition's own signals. `lease_deadline` (monotonic), given
+    with an attempt's result, is when its owner stops waiting for it."""
+
+    def __call__(self, partition: int, name: str, record: dict[str, Any], /, *,
+                 lease_deadline: float | None = None) -> Awaitable[None]: ...
 
 
 @dataclass(kw_only=True, slots=True)
@@ -259,7 +263,8 @@ class Executor:
                                              outcome.error_class == ErrorClass.PERMANENT)
                 if opened is not None:
                     await self._report(job.partition, "kron.engine.CircuitOpened", opened)
-        await self._report(job.partition, *self._result(d, outcome, started))
+        await self._report(job.partition, *self._result(d, outcome, started),
+                           lease_deadline=job.lease_deadline)
         self.completed += 1
 
     async def _attempt(self, job: Job, started_ms: int) -> Outcome:

@@ -4,6 +4,11 @@ One event per partition every few milliseconds instead of one per attempt: at hu
 executions a second the per-event cost (produce, fetch, decode, stream bookkeeping) was paid
 once per result. A result waits at most the window; a crash inside it loses results the
 owner then recovers by lease expiry, as with any crash before a report.
+
+While the executor has a backlog (a spike's calls still waiting for a runner), results wait
+longer, up to DEFER_S and never past half the time left on their attempt's lease: applying
+them costs the worker as much as making the calls (decode the execution and the job, write
+both), and a call that is late matters more than a status that is.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +28,8 @@ log = logging.getLogger("kron.reports")
 
 WINDOW_S = 0.005
 MAX_BATCH = 500
+DEFER_S = 2.0
+DEFER_POLL_S = 0.05
 
 Send = Callable[[int, bytes], Awaitable[None]]
 
@@ -44,8 +52,12 @@ def result_item(name: str, record: dict[str, Any]) -> dict[str, Any]:
 
 class ResultBatcher:
     def __init__(self, *, send: Send, clock: Clock, worker_id: str,
-                 window_s: float = WINDOW_S, max_batch: int = MAX_BATCH) -> None:
+                 window_s: float = WINDOW_S, max_batch: int = MAX_BATCH,
+                 busy: Callable[[], bool] | None = None, defer_s: float = DEFER_S) -> None:
         self._send = send
+        self._busy = busy
+        self._defer_s = defer_s
+        self._flush_by = math.inf  # monotonic: the earliest any pending result must go
         self._clock = clock
         self._worker = worker_id
         self._window_s = window_s
@@ -66,14 +78,30 @@ class ResultBatcher:
                 await self._task
         await self._flush()  # what finished before a graceful stop is still reported
 
-    def add(self, partition: int, item: dict[str, Any]) -> None:
+    def add(self, partition: int, item: dict[str, Any], *,
+            lease_deadline: float | None = None) -> None:
+        """`lease_deadline` (monotonic): when the owner will give up on the attempt."""
+        now = self._clock.monotonic()
+        flush_by = now + self._defer_s
+        if lease_deadline is not None:
+            flush_by = min(flush_by, now + (lease_deadline - now) / 2)
+        self._flush_by = min(self._flush_by, flush_by)
         self._pending.setdefault(partition, []).append(item)
         self._wake.set()
+
+    def deferring(self) -> bool:
+        return (self._busy is not None and self._clock.monotonic() < self._flush_by
+                and self._busy())
 
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             await asyncio.sleep(self._window_s)  # let this instant's results join
+            # Bounded by polls as well as by the clock: a stalled clock can't stall results.
+            for _ in range(math.ceil(self._defer_s / DEFER_POLL_S)):
+                if not self.deferring():
+                    break
+                await asyncio.sleep(DEFER_POLL_S)
             self._wake.clear()
             try:
                 await self._flush()
@@ -82,6 +110,7 @@ class ResultBatcher:
 
     async def _flush(self) -> None:
         pending, self._pending = self._pending, {}
+        self._flush_by = math.inf
         for partition, items in pending.items():
             for i in range(0, len(items), self._max):
                 chunk = items[i:i + self._max]

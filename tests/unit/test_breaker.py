@@ -43,7 +43,8 @@ def test_executor_reports_circuit_opened_and_fails_fast_while_open() -> None:
     port = free_ports(1)[0]  # nothing listens: every attempt is "connection refused"
     reports: list[tuple[str, dict[str, Any]]] = []
 
-    async def report(partition: int, name: str, record: dict[str, Any]) -> None:
+    async def report(partition: int, name: str, record: dict[str, Any], /,
+                     **_: Any) -> None:
         reports.append((name, record))
 
     async def run() -> None:

@@ -53,7 +53,8 @@ def dispatch(base: str, exec_id: str, not_before_ms: int) -> Dispatch:
 def started_executor(reports: list[tuple[str, dict[str, Any]]], *,
                      concurrency: int) -> tuple[Executor, HttpRunner]:
     """A running pool whose reports land in `reports`; stop it and close the runner."""
-    async def report(partition: int, name: str, record: dict[str, Any]) -> None:
+    async def report(partition: int, name: str, record: dict[str, Any], /,
+                     **_: Any) -> None:
         reports.append((name, record))
 
     runner = HttpRunner(allow_private=True)

@@ -39,7 +39,8 @@ def dispatch(url: str) -> Dispatch:
 
 async def in_flight(url: str, arrived: asyncio.Event,
                     reports: list[tuple[str, dict[str, Any]]]) -> tuple[Executor, HttpRunner]:
-    async def report(partition: int, name: str, record: dict[str, Any]) -> None:
+    async def report(partition: int, name: str, record: dict[str, Any], /,
+                     **_: Any) -> None:
         reports.append((name, record))
 
     runner = HttpRunner(allow_private=True)

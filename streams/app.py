@@ -244,9 +244,10 @@ class Engine:
                                      [(k, v.encode()) for k, v in headers.items()])
 
     async def _report(self, partition: int, name: str, record: dict[str, Any], /, *,
-                      lease_deadline: float | None = None) -> None:
+                      wait_until_lease_ms: int | None = None) -> None:
         if name in RESULTS:
-            self.results.add(partition, result_item(name, record), lease_deadline=lease_deadline)
+            self.results.add(partition, result_item(name, record),
+                             wait_until_lease_ms=wait_until_lease_ms)
             return
         value = codec.encode_trusted(name, record)
         await self.signals.send(key=record.get("job_id", "").encode(), value=value,

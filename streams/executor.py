@@ -30,11 +30,12 @@ log = logging.getLogger("kron.executor")
 CANCELLED_MAX = 65_536
 
 class Reporter(Protocol):
-    """Sends a record to the partition's own signals. `lease_deadline` (monotonic), given
-    with an attempt's result, is when its owner stops waiting for it."""
+    """Sends a record to the partition's own signals. `wait_until_lease_ms`, given with a
+    successful result no decision waits on, is the owner's lease end (wall clock): the
+    result may wait behind other calls, well short of it."""
 
     def __call__(self, partition: int, name: str, record: dict[str, Any], /, *,
-                 lease_deadline: float | None = None) -> Awaitable[None]: ...
+                 wait_until_lease_ms: int | None = None) -> Awaitable[None]: ...
 
 
 @dataclass(kw_only=True, slots=True)
@@ -263,8 +264,9 @@ class Executor:
                                              outcome.error_class == ErrorClass.PERMANENT)
                 if opened is not None:
                     await self._report(job.partition, "kron.engine.CircuitOpened", opened)
+        may_wait = outcome.ok and d.result_may_wait and d.lease_until_ms > 0
         await self._report(job.partition, *self._result(d, outcome, started),
-                           lease_deadline=job.lease_deadline)
+                           wait_until_lease_ms=d.lease_until_ms if may_wait else None)
         self.completed += 1
 
     async def _attempt(self, job: Job, started_ms: int) -> Outcome:

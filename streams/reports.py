@@ -5,10 +5,17 @@ executions a second the per-event cost (produce, fetch, decode, stream bookkeepi
 once per result. A result waits at most the window; a crash inside it loses results the
 owner then recovers by lease expiry, as with any crash before a report.
 
-While the executor has a backlog (a spike's calls still waiting for a runner), results wait
-longer, up to DEFER_S and never past half the time left on their attempt's lease: applying
-them costs the worker as much as making the calls (decode the execution and the job, write
-both), and a call that is late matters more than a status that is.
+While the executor has a backlog (a spike's calls still waiting for a runner), successful
+results of `allow` jobs wait longer: up to DEFER_S, and at most half the time left on the
+owner's lease less LEASE_MARGIN_S, so a lease with under ~2 s left sends at once. Applying
+results costs the worker as much as making the calls (decode the execution and the job,
+write both), and a call that is late matters more than a status that is. Failures, and jobs
+whose next decision looks at what is running (skip, queue, replace), never wait: their
+retries and overlap decisions would move.
+
+A send that fails puts its results back in front of newer ones, and stop() sends what is
+left, including a batch cut short by the cancel (sent twice at worst: the owner ignores a
+result for an attempt it already closed).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ WINDOW_S = 0.005
 MAX_BATCH = 500
 DEFER_S = 2.0
 DEFER_POLL_S = 0.05
+LEASE_MARGIN_S = 1.0
+RETRY_SEND_S = 0.5
 
 Send = Callable[[int, bytes], Awaitable[None]]
 
@@ -79,13 +88,15 @@ class ResultBatcher:
         await self._flush()  # what finished before a graceful stop is still reported
 
     def add(self, partition: int, item: dict[str, Any], *,
-            lease_deadline: float | None = None) -> None:
-        """`lease_deadline` (monotonic): when the owner will give up on the attempt."""
+            wait_until_lease_ms: int | None = None) -> None:
+        """`wait_until_lease_ms`: the owner's lease end (wall clock) of a result that may
+        wait; None sends it with the next batch."""
         now = self._clock.monotonic()
-        flush_by = now + self._defer_s
-        if lease_deadline is not None:
-            flush_by = min(flush_by, now + (lease_deadline - now) / 2)
-        self._flush_by = min(self._flush_by, flush_by)
+        hold_s = 0.0
+        if wait_until_lease_ms is not None:
+            left_s = (wait_until_lease_ms - self._clock.now_ms()) / 1000
+            hold_s = max(0.0, min(self._defer_s, left_s / 2 - LEASE_MARGIN_S))
+        self._flush_by = min(self._flush_by, now + hold_s)
         self._pending.setdefault(partition, []).append(item)
         self._wake.set()
 
@@ -105,19 +116,31 @@ class ResultBatcher:
             self._wake.clear()
             try:
                 await self._flush()
-            except Exception:  # the owner recovers unreported attempts by lease
+            except Exception:  # kept for the next try; past that, the lease recovers them
                 log.exception("reporting attempt results failed")
+                await asyncio.sleep(RETRY_SEND_S)
 
     async def _flush(self) -> None:
         pending, self._pending = self._pending, {}
         self._flush_by = math.inf
-        for partition, items in pending.items():
-            for i in range(0, len(items), self._max):
-                chunk = items[i:i + self._max]
-                await self._send(partition, codec.encode_trusted(
-                    ATTEMPTS_FINISHED, self._record(partition, chunk)))
-                self.batches += 1
-                self.results += len(chunk)
+        try:
+            for partition, items in pending.items():
+                while items:
+                    chunk = items[:self._max]
+                    await self._send(partition, codec.encode_trusted(
+                        ATTEMPTS_FINISHED, self._record(partition, chunk)))
+                    del items[:len(chunk)]
+                    self.batches += 1
+                    self.results += len(chunk)
+        finally:
+            self._put_back(pending)
+
+    def _put_back(self, unsent: dict[int, list[dict[str, Any]]]) -> None:
+        for partition, items in unsent.items():
+            if items:
+                self._pending[partition] = items + self._pending.get(partition, [])
+                self._flush_by = self._clock.monotonic()  # no more waiting for these
+                self._wake.set()
 
     def _record(self, partition: int, items: list[dict[str, Any]]) -> dict[str, Any]:
         now = self._clock.now_ms()

@@ -55,6 +55,11 @@ class Dispatch:
     lease_s: float
     # Decided ahead (fire-ahead): the executor holds the call until this wall-clock time.
     not_before_ms: int = 0
+    # The owner's lease end (wall clock); 0 when unknown.
+    lease_until_ms: int = 0
+    # No decision waits on this execution's end (overlap `allow`): its result may wait
+    # behind a spike's calls (streams/reports.py).
+    result_may_wait: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -673,7 +678,8 @@ class PartitionCore:
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
             fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
-            lease_s=plan.lease_s, not_before_ms=start if start > ctx.now_ms else 0))
+            lease_s=plan.lease_s, not_before_ms=start if start > ctx.now_ms else 0,
+            lease_until_ms=ex["lease_until_ms"], result_may_wait=plan.overlap == Overlap.ALLOW))
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])

@@ -349,6 +349,20 @@ def test_late_slots_beyond_the_enumeration_cap_are_judged_by_policy() -> None:
 # --- overlap -----------------------------------------------------------------------------------
 
 
+def test_only_allow_jobs_let_their_results_wait_and_every_dispatch_carries_its_lease() -> None:
+    # A result that waits behind a spike (streams/reports.py) must not move a decision:
+    # skip, queue and replace look at what is running when the next slot falls due.
+    p = Partition(T0 + 30 * SEC)
+    for overlap in ("allow", "skip_if_running", "queue", "replace"):
+        p.create(overlap, cron="* * * * *", overlap=overlap, lease_s=120.0)
+    sent = {d.job_id: d for d in dispatches(p.tick(T0 + MIN))}
+    assert {job: d.result_may_wait for job, d in sent.items()} == {
+        "allow": True, "skip_if_running": False, "queue": False, "replace": False}
+    for job, d in sent.items():
+        assert d.lease_until_ms == p.ex(job, T0 + MIN)["lease_until_ms"] == T0 + MIN + 120_000
+
+
+
 def test_overlap_queue_buffers_one_slot_and_skips_the_rest() -> None:
     p = Partition(T0 + 30 * SEC)
     p.create("j", cron="* * * * *", overlap="queue", lease_s=3600.0)

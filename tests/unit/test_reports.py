@@ -1,5 +1,6 @@
-"""ResultBatcher: results go in batches, and wait while the executor still has calls queued,
-but never past their deadline (DEFER_S, or half the time left on the attempt's lease).
+"""ResultBatcher: results go in batches; successful results of `allow` jobs wait while the
+executor still has calls queued, but never past DEFER_S or half the owner's lease left less
+a margin; a failed send keeps its results.
 
 Time is a ManualClock; the batcher's own polls are real but short (DEFER_POLL_S)."""
 
@@ -10,15 +11,29 @@ from typing import Any
 
 from kron.clock import ManualClock
 from schemas import codec
+from streams.domain.retry import ErrorClass
+from streams.engine.core import Dispatch
+from streams.executor import Executor
 from streams.reports import ResultBatcher
+from streams.targets import AttemptInfo, Outcome
 
 
 class Sink:
-    def __init__(self) -> None:
+    def __init__(self, *, fail_first: int = 0, block_first: bool = False) -> None:
         self.sent: list[tuple[int, list[str]]] = []
         self.arrived = asyncio.Event()
+        self.calls = 0
+        self._fail_first = fail_first
+        self._block_first = block_first
+        self.blocked = asyncio.Event()
 
     async def __call__(self, partition: int, value: bytes) -> None:
+        self.calls += 1
+        if self.calls <= self._fail_first:
+            raise OSError("broker unreachable")
+        if self._block_first and self.calls == 1:
+            self.blocked.set()
+            await asyncio.sleep(3600)  # cancelled by stop()
         record = codec.decode(value).record
         self.sent.append((partition, [r["exec_id"] for r in record["results"]]))
         self.arrived.set()
@@ -51,7 +66,7 @@ async def test_not_busy_means_one_batch_per_window() -> None:
     sink, clock = Sink(), ManualClock()
     b = batcher(sink, clock, [False])
     for n in range(3):
-        b.add(n % 2, item(f"e{n}"), lease_deadline=60.0)
+        b.add(n % 2, item(f"e{n}"), wait_until_lease_ms=60_000)
     assert await settle(sink)
     assert sorted(sink.sent) == [(0, ["e0", "e2"]), (1, ["e1"])]
     await b.stop()
@@ -60,7 +75,7 @@ async def test_not_busy_means_one_batch_per_window() -> None:
 async def test_results_wait_while_calls_are_queued_then_go_when_the_queue_drains() -> None:
     sink, clock, busy = Sink(), ManualClock(), [True]
     b = batcher(sink, clock, busy)
-    b.add(0, item("e1"), lease_deadline=60.0)
+    b.add(0, item("e1"), wait_until_lease_ms=60_000)
     assert not await settle(sink, 0.3)  # a few polls: still held
     assert b.deferring()
     busy[0] = False
@@ -69,29 +84,38 @@ async def test_results_wait_while_calls_are_queued_then_go_when_the_queue_drains
     await b.stop()
 
 
-async def test_deferral_ends_at_defer_s_or_half_the_lease_left() -> None:
+async def test_deferral_ends_at_defer_s_or_half_the_lease_left_less_a_margin() -> None:
     sink, clock = Sink(), ManualClock()
     b = batcher(sink, clock, [True])
-    b.add(0, item("e1"), lease_deadline=60.0)  # by DEFER_S: 10 s
+    b.add(0, item("e1"), wait_until_lease_ms=60_000)  # by DEFER_S: 10 s
     clock.advance(9.9)
     assert not await settle(sink, 0.2)
     clock.advance(0.2)
     assert await settle(sink)
     sink.arrived.clear()
-    # A short lease: 1 s left, so the result goes within 0.5 s whatever DEFER_S says.
-    b.add(0, item("e2"), lease_deadline=clock.monotonic() + 1.0)
-    clock.advance(0.4)
+    # 4 s of lease left: 4 / 2 - 1 = 1 s of waiting, whatever DEFER_S says.
+    b.add(0, item("e2"), wait_until_lease_ms=clock.now_ms() + 4_000)
+    clock.advance(0.9)
     assert not await settle(sink, 0.2)
     clock.advance(0.2)
     assert await settle(sink)
-    assert sink.sent == [(0, ["e1"]), (0, ["e2"])]
+    sink.arrived.clear()
+    # 2 s left: no waiting at all. And a result that may not wait (a failure, a job whose
+    # overlap policy looks at what runs) takes every held one with it.
+    b.add(0, item("e3"), wait_until_lease_ms=clock.now_ms() + 2_000)
+    assert await settle(sink)
+    sink.arrived.clear()
+    b.add(0, item("e4"), wait_until_lease_ms=60_000 + clock.now_ms())
+    b.add(0, item("e5"))
+    assert await settle(sink)
+    assert sink.sent == [(0, ["e1"]), (0, ["e2"]), (0, ["e3"]), (0, ["e4", "e5"])]
     await b.stop()
 
 
 async def test_a_stalled_clock_cannot_hold_results_forever() -> None:
     sink, clock = Sink(), ManualClock()
     b = batcher(sink, clock, [True], defer_s=0.2)  # the clock never moves
-    b.add(0, item("e1"))
+    b.add(0, item("e1"), wait_until_lease_ms=60_000)
     assert await settle(sink)  # after DEFER_S worth of polls
     await b.stop()
 
@@ -99,6 +123,66 @@ async def test_a_stalled_clock_cannot_hold_results_forever() -> None:
 async def test_stop_reports_what_was_held() -> None:
     sink, clock = Sink(), ManualClock()
     b = batcher(sink, clock, [True])
-    b.add(3, item("e1"), lease_deadline=60.0)
+    b.add(3, item("e1"), wait_until_lease_ms=60_000)
     await b.stop()
     assert sink.sent == [(3, ["e1"])]
+
+
+async def test_a_failed_send_keeps_its_results_in_order() -> None:
+    sink, clock = Sink(fail_first=1), ManualClock()
+    b = batcher(sink, clock, [False])
+    b.add(0, item("e1"))
+    for _ in range(100):  # bounded: the first send fails at once
+        if sink.calls:
+            break
+        await asyncio.sleep(0.01)
+    b.add(0, item("e2"))  # newer: goes after the ones put back
+    assert await settle(sink)  # after RETRY_SEND_S
+    assert sink.sent == [(0, ["e1", "e2"])]
+    await b.stop()
+
+
+async def test_stop_sends_a_batch_its_cancel_cut_short() -> None:
+    sink, clock = Sink(block_first=True), ManualClock()
+    b = batcher(sink, clock, [False])
+    b.add(1, item("e1"))
+    await asyncio.wait_for(sink.blocked.wait(), 2)
+    await b.stop()
+    assert sink.sent == [(1, ["e1"])]
+
+
+class Scripted:
+    """A stand-in runner: this test is about what the executor tells the batcher, not
+    about calls (the real runners are tested against real targets elsewhere)."""
+
+    def __init__(self, outcomes: dict[str, Outcome]) -> None:
+        self.outcomes = outcomes
+
+    async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
+        return self.outcomes[info.exec_id]
+
+
+async def test_the_executor_lets_only_successes_of_allow_jobs_wait() -> None:
+    told: dict[str, int | None] = {}
+
+    async def report(partition: int, name: str, record: dict[str, Any], /, *,
+                     wait_until_lease_ms: int | None = None) -> None:
+        told[record["exec_id"]] = wait_until_lease_ms
+
+    ok, failed = Outcome(ok=True, status_code=200), Outcome(ok=False, error="HTTP 500",
+                                                            error_class=ErrorClass.TRANSIENT)
+    runner = Scripted({"ok": ok, "failed": failed, "skip": ok})
+    ex = Executor(runners={"http": runner}, report=report, clock=ManualClock(now_ms=1),
+                  worker_id="w", concurrency=2)
+    ex.start()
+    for exec_id, may_wait in (("ok", True), ("failed", True), ("skip", False)):
+        ex.submit(Dispatch(exec_id=exec_id, job_id="j", tenant="t", scheduled_for_ms=0,
+                           attempt=1, fencing_token=1, lease_s=60.0,
+                           target={"url": "http://x.example/"}, lease_until_ms=60_001,
+                           result_may_wait=may_wait), 0)
+    for _ in range(200):  # bounded: three calls to a stand-in
+        if len(told) == 3:
+            break
+        await asyncio.sleep(0.005)
+    await ex.stop()
+    assert told == {"ok": 60_001, "failed": None, "skip": None}

@@ -6,6 +6,7 @@ Built by `build_engine(settings)` at process start; nothing is built at import t
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -53,8 +54,19 @@ TICK_BUDGET = 2048
 # at most the wait; fetch round trips drop from one per record to a few hundred a second.
 FETCH_MIN_BYTES = 64 << 10
 FETCH_WAIT_MS = 5
+GC_YOUNG_THRESHOLD = 50_000
 # More attempts than this queued for a runner: a spike's calls are still going out.
 RESULTS_WAIT_BACKLOG = 256
+
+
+def _tune_gc() -> None:
+    """Full collections paused the event loop for 56-155 ms in a burst of 20,000 (measured
+    with gc.callbacks), mostly walking what start-up built: modules, Faust's services,
+    schemas. Frozen, those are never walked again. A first generation of 50,000 objects
+    instead of 700 makes the older generations' passes rarer still: the same burst then saw
+    only young passes of 6-15 ms (last call 1.9 -> 1.2 s, p50 1.07 -> 0.69 s)."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
 
 
 @dataclass(kw_only=True)
@@ -182,6 +194,7 @@ class Engine:
         self.results.start()
         self.executor.start()
         self.ticker.start()
+        _tune_gc()
         log.info("engine started", extra={"worker": self.settings.worker_id})
 
     async def _on_shutdown(self, app: Any, /, *args: Any, signal: Any, **kw: Any) -> None:

@@ -9,8 +9,10 @@ them. The SSRF and TLS cases are in test_security_http.py.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -296,3 +298,58 @@ def test_host_names_as_servers_expect_them() -> None:
         request_bytes("GET", idn, {" Transfer-Encoding": "chunked"}, None)
     assert b"Content-Length: 0" in request_bytes("DELETE", idn, {}, None)
     assert b"Content-Length" not in request_bytes("GET", idn, {}, None)
+
+
+async def test_idle_connections_past_their_time_are_swept(serve: Serve) -> None:
+    first, client = await serve(lambda n, req: OK, idle_s=0.05)
+    second = Scripted(lambda n, req: OK)
+    await second.start()
+    try:
+        assert (await client.request("GET", url(first), {}, None, 5.0)).excerpt == b"ok"
+        assert client._idle_count == 1
+        await asyncio.sleep(0.1)  # past idle_s: the next put back sweeps it
+        assert (await client.request("GET", url(second), {}, None, 5.0)).excerpt == b"ok"
+        assert list(client._idle) == [(False, "127.0.0.1", second.port)]
+        assert client._idle_count == 1
+    finally:
+        await second.stop()
+
+
+class Blackhole(asyncio.SelectorEventLoop):
+    """Connects to BLACKHOLE never complete (a dropped SYN); others go through."""
+
+    BLACKHOLE = "192.0.2.1"  # TEST-NET-1: never dialled for real
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tried: list[str] = []
+
+    async def sock_connect(self, sock: Any, address: Any) -> None:
+        self.tried.append(address[0])
+        if address[0] == self.BLACKHOLE:
+            await asyncio.sleep(3600)
+        await super().sock_connect(sock, address)
+
+
+def test_an_address_that_never_answers_costs_a_quarter_second_not_the_timeout() -> None:
+    async def go() -> tuple[bytes, list[str]]:
+        server = Scripted(lambda n, req: OK)
+        await server.start()
+
+        async def answer(host: str, port: int) -> list[IPAddress]:
+            return [ipaddress.ip_address(Blackhole.BLACKHOLE),
+                    ipaddress.ip_address("127.0.0.1")]
+        client = Http1Client(resolve=answer, ssl_context=ssl.create_default_context())
+        try:
+            # 5 s timeout: trying the addresses one after the other would run out of it.
+            resp = await client.request("GET", f"http://example.test:{server.port}/", {},
+                                        None, 5.0)
+        finally:
+            await client.close()
+            await server.stop()
+        return resp.excerpt, loop.tried
+
+    loop = Blackhole()
+    with asyncio.Runner(loop_factory=lambda: loop) as runner:
+        excerpt, tried = runner.run(go())
+    assert excerpt == b"ok" and tried == [Blackhole.BLACKHOLE, "127.0.0.1"]

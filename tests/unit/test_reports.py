@@ -84,22 +84,23 @@ async def test_results_wait_while_calls_are_queued_then_go_when_the_queue_drains
     await b.stop()
 
 
+async def held_for(sink: Sink, clock: ManualClock, seconds: float) -> None:
+    """Still held 0.1 s before `seconds` have passed, sent 0.1 s after."""
+    clock.advance(seconds - 0.1)
+    assert not await settle(sink, 0.2)
+    clock.advance(0.2)
+    assert await settle(sink)
+    sink.arrived.clear()
+
+
 async def test_deferral_ends_at_defer_s_or_half_the_lease_left_less_a_margin() -> None:
     sink, clock = Sink(), ManualClock()
     b = batcher(sink, clock, [True])
     b.add(0, item("e1"), wait_until_lease_ms=60_000)  # by DEFER_S: 10 s
-    clock.advance(9.9)
-    assert not await settle(sink, 0.2)
-    clock.advance(0.2)
-    assert await settle(sink)
-    sink.arrived.clear()
+    await held_for(sink, clock, 10.0)
     # 4 s of lease left: 4 / 2 - 1 = 1 s of waiting, whatever DEFER_S says.
     b.add(0, item("e2"), wait_until_lease_ms=clock.now_ms() + 4_000)
-    clock.advance(0.9)
-    assert not await settle(sink, 0.2)
-    clock.advance(0.2)
-    assert await settle(sink)
-    sink.arrived.clear()
+    await held_for(sink, clock, 1.0)
     # 2 s left: no waiting at all. And a result that may not wait (a failure, a job whose
     # overlap policy looks at what runs) takes every held one with it.
     b.add(0, item("e3"), wait_until_lease_ms=clock.now_ms() + 2_000)

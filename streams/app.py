@@ -34,7 +34,7 @@ from streams.lease import OwnershipLease
 from streams.reports import ResultBatcher, result_item
 from streams.tables import FencedTable
 from streams.targets import CommandRunner, HttpRunner, KafkaRunner
-from streams.ticker import Ticker
+from streams.ticker import BEHIND_BACKLOG, Ticker
 
 log = logging.getLogger("kron.engine")
 
@@ -55,8 +55,6 @@ TICK_BUDGET = 2048
 FETCH_MIN_BYTES = 64 << 10
 FETCH_WAIT_MS = 5
 GC_YOUNG_THRESHOLD = 50_000
-# More attempts than this queued for a runner: a spike's calls are still going out.
-RESULTS_WAIT_BACKLOG = 256
 
 
 def _tune_gc() -> None:
@@ -294,8 +292,9 @@ class Engine:
         return self._owned
 
     def _calls_waiting(self) -> bool:
-        """Attempts queued for a runner: results then wait (streams/reports.py)."""
-        return self.executor.backlog > RESULTS_WAIT_BACKLOG
+        """Behind by the ticker's measure (attempts queued for a runner): results then wait
+        (streams/reports.py)."""
+        return self.executor.backlog > BEHIND_BACKLOG
 
     def owns(self, partition: int) -> bool:
         """May this process still act for the partition? Checked before every dispatch."""

@@ -61,7 +61,7 @@ class HttpRunner:
         self._http: Http1Client | None = None
 
     def _client(self) -> Http1Client:
-        # Built on first use: its semaphores belong to the running event loop.
+        # Built on first use, and afresh after close().
         if self._http is None:
             self._http = Http1Client(
                 resolve=self._resolve, ssl_context=self._ssl,

@@ -28,7 +28,7 @@ from streams.changelog import ChangelogProducer
 from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore, PlanCache
-from streams.engine.faust_store import TableStore, TerminalMemo
+from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo
 from streams.executor import Executor
 from streams.lease import OwnershipLease
 from streams.reports import ResultBatcher, result_item
@@ -123,6 +123,8 @@ class Engine:
         self.timers = table("timers")
         self.ticker = Ticker(engine=self)
         self.terminal = TerminalMemo()
+        self.job_cache = RecordCache()
+        self.execution_cache = RecordCache()
         self.plans = PlanCache()
         # Built now, started with the app: a dispatch may arrive before the start-up task.
         self.barrier = DurabilityBarrier(self._flush)
@@ -232,6 +234,8 @@ class Engine:
             "flushes": self.barrier.flushes, "result_batches": self.results.batches,
             "changelog_writes": self.changelog.writes, "fenced": self.executor.fenced,
             "skipped_records": self.commit_guard.holes, **st.lag_summary(),
+            "record_cache_hits": self.job_cache.hits + self.execution_cache.hits,
+            "record_cache_misses": self.job_cache.misses + self.execution_cache.misses,
             "uptime_s": round(time.monotonic() - st.started, 1)})
 
     async def _flush(self) -> None:
@@ -375,7 +379,8 @@ class Engine:
         epoch = self.epoch()
         store = TableStore(jobs=self.jobs, executions=self.executions, timers=self.timers,
                            partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
-                           terminal=self.terminal)
+                           terminal=self.terminal, job_cache=self.job_cache,
+                           execution_cache=self.execution_cache)
         ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
                       causation_id=rec["envelope"]["event_id"],
                       worker=self.settings.worker_id, epoch=epoch,

@@ -12,9 +12,27 @@ import copy
 from collections.abc import Generator
 from typing import Any, Protocol
 
+from schemas import codec, names
+
 Record = dict[str, Any]
 
 TERMINAL = frozenset({"succeeded", "failed", "skipped", "missed", "cancelled"})
+
+
+def copy_record(record: Record) -> Record:
+    """A copy the core may change the way it changes records: a new top-level dict, new
+    lists and new dicts inside them (an execution's attempts). Nested records (the spec,
+    the envelope) are shared: the core replaces them and never changes them in place.
+    MemoryStore checks that rule, and the canonical form, on every write of every test
+    that runs the core, because the real store's cache of decoded records relies on both.
+
+    A fifth of the cost of decoding the record's Avro bytes (0.6-0.8 us against 13-19 us).
+    """
+    out = dict(record)
+    for key, value in record.items():
+        if type(value) is list:
+            out[key] = [dict(v) if type(v) is dict else v for v in value]
+    return out
 
 
 class PartitionStore(Protocol):
@@ -53,8 +71,11 @@ class PartitionStore(Protocol):
 class MemoryStore:
     """A partition held in dicts plus a sorted key list for the time index.
 
-    Records are copied in and out, as serialisation does for the real tables, so a caller
-    that mutates a record without saving it changes nothing here either.
+    Records are copied in and out with copy_record, as the real store's record cache does,
+    so a caller that changes a record without saving it changes nothing here either. Every
+    write is checked the way the cache needs: the record must read back from its Avro
+    bytes as the same dict (canonical form), and no nested part of it may change after
+    it was saved (a deep snapshot is compared at each read).
     """
 
     def __init__(self) -> None:
@@ -62,24 +83,38 @@ class MemoryStore:
         self.executions: dict[str, Record] = {}
         self.timers: dict[bytes, bytes] = {}
         self._keys: list[bytes] = []
+        self._saved: dict[tuple[str, str], Record] = {}
         # Every state write in order: the in-memory twin of the changelog topics.
         self.log: list[tuple[str, Record]] = []
 
     def job(self, job_id: str) -> Record | None:
-        job = self.jobs.get(job_id)
-        return None if job is None else copy.deepcopy(job)
+        return self._read("job", self.jobs, job_id)
 
     def put_job(self, job: Record) -> None:
-        self.jobs[job["job_id"]] = copy.deepcopy(job)
-        self.log.append(("job", copy.deepcopy(job)))
+        self._write("job", self.jobs, job["job_id"], job, names.JOB_STATE)
 
     def execution(self, exec_id: str) -> Record | None:
-        ex = self.executions.get(exec_id)
-        return None if ex is None else copy.deepcopy(ex)
+        return self._read("execution", self.executions, exec_id)
 
     def put_execution(self, execution: Record) -> None:
-        self.executions[execution["exec_id"]] = copy.deepcopy(execution)
-        self.log.append(("execution", copy.deepcopy(execution)))
+        self._write("execution", self.executions, execution["exec_id"], execution,
+                    names.EXECUTION_STATE)
+
+    def _read(self, kind: str, table: dict[str, Record], key: str) -> Record | None:
+        record = table.get(key)
+        if record is None:
+            return None
+        if record != self._saved[(kind, key)]:
+            raise AssertionError(f"{kind} {key!r} changed in place after it was saved")
+        return copy_record(record)
+
+    def _write(self, kind: str, table: dict[str, Record], key: str, record: Record,
+               schema: str) -> None:
+        if codec.decode(codec.encode_trusted(schema, record)).record != record:
+            raise AssertionError(f"{kind} {key!r} is not in the form its Avro bytes read back as")
+        table[key] = copy_record(record)
+        self._saved[(kind, key)] = copy.deepcopy(record)
+        self.log.append((kind, copy.deepcopy(record)))
 
     def put_timer(self, key: bytes, value: bytes) -> None:
         if key not in self.timers:

@@ -1,0 +1,153 @@
+"""The TableStore's cache of decoded records, over a real RocksDB (rocksdict).
+
+A table write's changelog half needs a broker: the integration tests cover it. The tables
+here write only the partition's DB, which is what the cache's correctness depends on (a
+read trusts the cache only while the DB holds the bytes it cached).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from rocksdict import Rdict
+
+from schemas import codec, names
+from streams.engine.faust_store import RecordCache, TableStore
+from streams.engine.store import MemoryStore, Record
+from tests.golden.make_golden import SAMPLES
+
+
+class DbTable:
+    """One partition's RocksDB behind the two calls TableStore makes on a table."""
+
+    def __init__(self, path: Path) -> None:
+        self.db = Rdict(str(path))
+        self.data = self
+
+    def _db_for_partition(self, partition: int) -> Rdict:
+        return self.db
+
+    def write(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> None:
+        if value is None:
+            self.db.delete(key)
+        else:
+            self.db.put(key, value)
+
+
+def canonical(name: str) -> Record:
+    return codec.decode(codec.encode(name, SAMPLES[(name, 1)][0])).record
+
+
+@pytest.fixture()
+def tables(tmp_path: Path) -> Any:
+    made = {n: DbTable(tmp_path / n) for n in ("jobs", "executions", "timers")}
+    yield made
+    for t in made.values():
+        t.db.close()
+
+
+def store_of(tables: dict[str, DbTable], jobs: RecordCache, execs: RecordCache) -> TableStore:
+    return TableStore(jobs=tables["jobs"], executions=tables["executions"],
+                      timers=tables["timers"], partition=0, job_cache=jobs,
+                      execution_cache=execs)
+
+
+def test_a_record_written_here_reads_back_equal_without_a_decode(tables: Any) -> None:
+    jobs, execs = RecordCache(), RecordCache()
+    job, ex = canonical(names.JOB_STATE), canonical(names.EXECUTION_STATE)
+    store = store_of(tables, jobs, execs)
+    store.put_job(job)
+    store.put_execution(ex)
+    # A later event's store over the same caches, as the engine builds one per event.
+    later = store_of(tables, jobs, execs)
+    with mock.patch.object(codec, "decode", side_effect=AssertionError("decoded")):
+        assert later.job(job["job_id"]) == job
+        assert later.execution(ex["exec_id"]) == ex
+    assert (jobs.hits, execs.hits) == (1, 1)
+    assert later.job("no such job") is None
+
+
+def test_reads_are_copies_the_caller_may_change(tables: Any) -> None:
+    execs = RecordCache()
+    ex = canonical(names.EXECUTION_STATE)
+    saved = copy.deepcopy(ex)
+    store = store_of(tables, RecordCache(), execs)
+    store.put_execution(ex)
+    first = store.execution(ex["exec_id"])
+    assert first is not None and first["attempts"]
+    first["state"] = "failed"
+    first["attempts"][0]["outcome"] = "changed"
+    first["attempts"].append({"attempt": 99})
+    assert store.execution(ex["exec_id"]) == saved
+    assert execs.hits == 2
+
+
+def test_changes_after_saving_do_not_reach_the_cache(tables: Any) -> None:
+    execs = RecordCache()
+    ex = canonical(names.EXECUTION_STATE)
+    saved = copy.deepcopy(ex)
+    store = store_of(tables, RecordCache(), execs)
+    store.put_execution(ex)
+    ex["state"] = "failed"
+    ex["attempts"][0]["error"] = "changed after the save"
+    assert store.execution(ex["exec_id"]) == saved
+    assert execs.hits == 1
+
+
+def test_bytes_written_elsewhere_are_read_not_shadowed(tables: Any) -> None:
+    """A restore, a standby's update or another owner's write changes the DB under the
+    cache: the read decodes what the DB holds."""
+    jobs = RecordCache()
+    mine = canonical(names.JOB_STATE)
+    store = store_of(tables, jobs, RecordCache())
+    store.put_job(mine)
+    theirs = {**copy.deepcopy(mine), "version": mine["version"] + 1, "status": "paused"}
+    key = mine["job_id"].encode()
+    tables["jobs"].db.put(key, codec.encode(names.JOB_STATE, theirs))
+    assert store.job(mine["job_id"]) == theirs
+    assert (jobs.hits, jobs.misses) == (0, 1)
+    # The very bytes the cache holds are back: its copy is good again.
+    tables["jobs"].db.put(key, codec.encode_trusted(names.JOB_STATE, mine))
+    assert store.job(mine["job_id"]) == mine
+    assert jobs.hits == 1
+    tables["jobs"].db.delete(key)
+    assert store.job(mine["job_id"]) is None
+
+
+def test_the_cache_keeps_the_newest_capacity_records() -> None:
+    cache = RecordCache(capacity=2)
+    for i in range(3):
+        cache.put(f"k{i}".encode(), b"raw%d" % i, {"i": i})
+    cache.put(b"k1", b"raw1", {"i": 1})  # written again: now the newest
+    cache.put(b"k3", b"raw3", {"i": 3})
+    assert len(cache) == 2
+    assert cache.get(b"k0", b"raw0") is None and cache.get(b"k2", b"raw2") is None
+    assert cache.get(b"k1", b"raw1") == {"i": 1}
+    assert cache.get(b"k3", b"raw3") == {"i": 3}
+    off = RecordCache(capacity=0)
+    off.put(b"k", b"raw", {"i": 0})
+    assert len(off) == 0 and off.get(b"k", b"raw") is None
+
+
+def test_memory_store_refuses_a_record_not_in_its_canonical_form() -> None:
+    job = canonical(names.JOB_STATE)
+    del job["queued_slot_ms"]  # the bytes would read back with the default
+    with pytest.raises(AssertionError, match="form its Avro bytes read back as"):
+        MemoryStore().put_job(job)
+
+
+def test_memory_store_catches_a_nested_change_after_the_save() -> None:
+    """The cache shares nested records (spec, envelope) between its copies; the core must
+    replace them, never change them in place."""
+    store = MemoryStore()
+    job = canonical(names.JOB_STATE)
+    store.put_job(job)
+    job["status"] = "paused"  # top level: the store holds its own dict
+    assert store.job(job["job_id"])["status"] != "paused"  # type: ignore[index]
+    job["envelope"]["producer"] = "changed in place"
+    with pytest.raises(AssertionError, match="changed in place after it was saved"):
+        store.job(job["job_id"])

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from typing import Any, Final, cast
 
-from fastavro import schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 from fastavro.validation import ValidationError, validate
 
@@ -196,6 +196,64 @@ class Codec:
         if version is None:
             return self._registry.latest(name)
         return self._registry.get(name, version)
+
+
+class SplicedEncoder:
+    """Writes the latest version of a record schema, unvalidated like ``encode_trusted``,
+    reusing one field's Avro bytes while that field holds the same object.
+
+    A record's binary form is its fields' forms in order, so the bytes are the fields
+    before the spliced one, its cached bytes, and the fields after. The engine rewrites a
+    job at every fire, and its spec (half the encode: 19 -> 10 us) only changes by being
+    replaced, never in place: the identity of the spec object is its version. A record
+    with other keys than the schema's goes through the strict encoder instead, which
+    names the problem. Bounded, oldest out.
+    """
+
+    def __init__(self, name: str, field: str, *, registry: SchemaRegistry | None = None,
+                 capacity: int = 1 << 14) -> None:
+        self._name = name
+        self._entry = (registry or default_registry()).latest(name)
+        fields = self._entry.schema["fields"]
+        at = [f["name"] for f in fields].index(field)
+        named: dict[str, Any] = {}
+        # In definition order, so a part may name a type an earlier part defined.
+        self._head = parse_schema({"type": "record", "name": f"{name}.Head",
+                                   "fields": fields[:at]}, named_schemas=named)
+        self._field_schema = parse_schema(fields[at]["type"], named_schemas=named)
+        self._tail = parse_schema({"type": "record", "name": f"{name}.Tail",
+                                   "fields": fields[at + 1:]}, named_schemas=named)
+        self._field = field
+        self._keys = frozenset(f["name"] for f in fields)
+        self._blobs: dict[int, tuple[Any, bytes]] = {}
+        self._capacity = capacity
+
+    def encode(self, record: Mapping[str, Any]) -> bytes:
+        if record.keys() != self._keys:
+            return trusted_codec().encode(self._name, record)
+        buf = BytesIO()
+        buf.write(self._entry.header)
+        try:
+            schemaless_writer(buf, self._head, record)
+            buf.write(self._blob(record[self._field]))
+            schemaless_writer(buf, self._tail, record)
+        except Exception as exc:
+            raise _encode_error(self._entry, exc) from exc
+        return buf.getvalue()
+
+    def _blob(self, value: Any) -> bytes:
+        # Keyed by id() and holding the object: an id is only reused once its object is
+        # gone, and this entry keeps it alive.
+        entry = self._blobs.get(id(value))
+        if entry is not None and entry[0] is value:
+            return entry[1]
+        buf = BytesIO()
+        schemaless_writer(buf, self._field_schema, value)
+        blob = buf.getvalue()
+        self._blobs[id(value)] = (value, blob)
+        if len(self._blobs) > self._capacity:
+            del self._blobs[next(iter(self._blobs))]
+        return blob
 
 
 @functools.cache

@@ -8,6 +8,7 @@ await, because a rebalance may close the DB.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator
 from typing import Any
 
@@ -18,6 +19,12 @@ from streams.engine.store import TERMINAL, Record, copy_record
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
+
+
+@functools.cache
+def job_encoder() -> codec.SplicedEncoder:
+    """A job's spec is re-encoded only when it is replaced (create, update)."""
+    return codec.SplicedEncoder(JOB_STATE, "spec")
 
 
 def partition_db(table: Any, partition: int) -> Any:
@@ -181,9 +188,8 @@ class TableStore:
         record = cache.get(key, raw)
         return codec.decode(raw).record if record is None else record
 
-    def _write(self, table: Any, cache: RecordCache, key: bytes, schema: str,
+    def _write(self, table: Any, cache: RecordCache, key: bytes, raw: bytes,
                record: Record) -> None:
-        raw = codec.encode_trusted(schema, record)
         table.write(self._partition, key, raw, self._epoch)
         cache.put(key, raw, record)
 
@@ -191,14 +197,15 @@ class TableStore:
         return self._read(self._jobs, self._job_cache, job_id.encode())
 
     def put_job(self, job: Record) -> None:
-        self._write(self._jobs, self._job_cache, job["job_id"].encode(), JOB_STATE, job)
+        self._write(self._jobs, self._job_cache, job["job_id"].encode(),
+                    job_encoder().encode(job), job)
 
     def execution(self, exec_id: str) -> Record | None:
         return self._read(self._executions, self._execution_cache, exec_id.encode())
 
     def put_execution(self, execution: Record) -> None:
         self._write(self._executions, self._execution_cache, execution["exec_id"].encode(),
-                    EXECUTION_STATE, execution)
+                    codec.encode_trusted(EXECUTION_STATE, execution), execution)
         if execution["state"] in TERMINAL:
             self._terminal.add(execution["exec_id"])
 

@@ -47,8 +47,10 @@ RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer":
 EXIT_STATE_UNWRITABLE = 74
 IGNORED = frozenset({names.CIRCUIT_OPENED, names.CIRCUIT_CLOSED, names.TRIGGER_SUPPRESSED})
 # Timers fired between two dispatches, and per tick before other partitions' events get a
-# turn (the ticker sends the next tick at once when more are due).
-TICK_CHUNK = 128
+# turn (the ticker sends the next tick at once when more are due). Each turn of the loop
+# between chunks moves the dispatch barrier and the calls one step: at 4,000/s, chunks of
+# 32 instead of 128 took the median call from 449 to 367 ms after its second began.
+TICK_CHUNK = 32
 TICK_BUDGET = 2048
 # A fetch returns once this much is there or after this long: added latency per hop is
 # at most the wait; fetch round trips drop from one per record to a few hundred a second.

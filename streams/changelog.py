@@ -3,8 +3,15 @@
 Faust sends a table write as a FutureMessage queued on the event loop, drained by a task
 into aiokafka's Python batch builder, with a callback per record: 15-20% of a worker's
 CPU at 1,500 executions/s (py-spy), and a dispatch barrier that waited ~250 ms behind that
-queue. Here a write is one produce() into librdkafka's C queue; batching, sending and acks
-happen on librdkafka's threads, and a poller thread counts acks per partition.
+queue. Here a write is one produce() into librdkafka's C queue; batching and sending happen
+on librdkafka's threads.
+
+Acks are served on the event loop (poll(0) at every turn of the loop while writes are in
+flight), not by a thread of our own. confluent-kafka takes the GIL for every delivery
+report, and a thread that needs the GIL while the loop is busy gets it once per switch
+interval (5 ms): while the worker decided a spike, its acks, and so the dispatch barrier
+and every call behind it, waited for the decisions to end (at 4,000/s the median call
+left ~500 ms after its second began, with most decisions made by ~250 ms).
 
 The dispatch barrier snapshots how many writes each partition has been given and waits
 until as many are acknowledged: the producer is idempotent, so acks arrive in order within
@@ -16,8 +23,8 @@ own send callback would have set them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,6 +37,10 @@ TP = tuple[str, int]
 _Headers = list[tuple[str, str | bytes | None]]
 # Queue full: librdkafka holds this many unsent writes before produce() pushes back.
 QUEUE_MAX_MESSAGES = 1_000_000
+# How often acks are served: while writes are in flight (at every turn of a busy loop),
+# and otherwise (errors, logs).
+POLL_BUSY_S = 0.001
+POLL_IDLE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,26 +75,34 @@ class ChangelogProducer:
         self._on_offsets = on_offsets
         self._on_fatal = on_fatal
         self._producer: Producer | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._produced: dict[TP, int] = {}  # written on the event loop
-        self._acked: dict[TP, int] = {}  # written by the poller thread
+        # All on the event loop's thread, delivery reports included (see _pump).
+        self._produced: dict[TP, int] = {}
+        self._acked: dict[TP, int] = {}
         self._offsets: dict[TP, int] = {}  # acked offsets not yet handed on
-        self._lock = threading.Lock()
-        self._signalled = False
         self._waiters: list[tuple[dict[TP, int], asyncio.Future[None]]] = []
         self._failure: str | None = None
-        self._published: list[tuple[asyncio.Future[None], str | None]] = []
-        self._stop = threading.Event()
-        self._poller: threading.Thread | None = None
+        self._in_flight = 0  # writes and publishes without a delivery report yet
+        self._pumping: asyncio.Task[None] | None = None
         self.writes = 0
 
     def _start(self) -> Producer:
         """Built on the first write, on the event loop: nothing runs before the worker does."""
-        self._loop = asyncio.get_running_loop()
         self._producer = Producer(self._config)
-        self._poller = threading.Thread(target=self._poll, name="kron-changelog", daemon=True)
-        self._poller.start()
+        self._pumping = asyncio.get_running_loop().create_task(self._pump())
         return self._producer
+
+    async def _pump(self) -> None:
+        while True:
+            try:
+                self.poll()
+            except Exception:  # a dead pump would leave the barrier waiting forever
+                log.exception("serving changelog acks failed")
+            await asyncio.sleep(POLL_BUSY_S if self._in_flight else POLL_IDLE_S)
+
+    def poll(self) -> None:
+        """Serve the delivery reports that arrived, then settle what they decide."""
+        if self._producer is not None and self._producer.poll(0):
+            self._settle()
 
     def produce(self, topic: str, partition: int, key: bytes, value: bytes | None,
                 headers: list[tuple[str, bytes]] | None) -> Sent:
@@ -94,10 +113,9 @@ class ChangelogProducer:
                                  headers=cast(_Headers, headers), on_delivery=self._delivered)
                 break
             except BufferError:  # a million writes unsent: the broker is away or slow
-                # Acks served here, on the loop's thread, must settle waiters too: the
-                # poller thread may see nothing more to signal.
                 if producer.poll(0.05):
                     self._settle()
+        self._in_flight += 1
         tp = (topic, partition)
         self._produced[tp] = self._produced.get(tp, 0) + 1
         self.writes += 1
@@ -111,91 +129,82 @@ class ChangelogProducer:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
-            with self._lock:
-                self._published.append((fut, None if err is None else str(err)))
+            self._in_flight -= 1
+            if fut.done():
+                return
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(str(err)))
 
         try:
             producer.produce(topic, value=value, key=key, headers=cast(_Headers, headers),
                              on_delivery=delivered)
         except (BufferError, KafkaException) as exc:
             fut.set_exception(RuntimeError(f"publish refused: {exc}"))
+        else:
+            self._in_flight += 1
         return fut
 
-    # --- acks (poller thread) ----------------------------------------------------------------
-
-    def _poll(self) -> None:
-        assert self._producer is not None
-        while not self._stop.is_set():
-            if self._producer.poll(0.05) and not self._signalled and self._loop is not None:
-                self._signalled = True
-                self._loop.call_soon_threadsafe(self._settle)
+    # --- acks ---------------------------------------------------------------------------------
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        self._in_flight -= 1
         if err is not None:
             # Local state already holds this write and Kafka never will: only a restart
             # (which rebuilds local state from Kafka) makes the two agree again.
-            with self._lock:
-                self._failure = self._failure or f"changelog write failed: {err}"
+            self._failure = self._failure or f"changelog write failed: {err}"
             return
         tp = (msg.topic(), msg.partition())
-        with self._lock:
-            self._acked[tp] = self._acked.get(tp, 0) + 1
-            self._offsets[tp] = msg.offset()
+        self._acked[tp] = self._acked.get(tp, 0) + 1
+        self._offsets[tp] = msg.offset()
 
     # --- the event loop's side ---------------------------------------------------------------
 
     def _settle(self) -> None:
-        self._signalled = False
-        with self._lock:
-            offsets, self._offsets = self._offsets, {}
-            published, self._published = self._published, []
-            acked = dict(self._acked)
-            failure = self._failure
-        for fut, err in published:
-            if fut.done():
-                continue
-            if err is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(RuntimeError(err))
+        offsets, self._offsets = self._offsets, {}
         if offsets:
             self._on_offsets(offsets)
-        if failure is not None:
+        if self._failure is not None:
             for _, fut in self._waiters:
                 if not fut.done():
-                    fut.set_exception(RuntimeError(failure))
+                    fut.set_exception(RuntimeError(self._failure))
             self._waiters = []
-            self._on_fatal(failure)
+            self._on_fatal(self._failure)
             return
         pending = []
         for want, fut in self._waiters:
-            if all(acked.get(tp, 0) >= n for tp, n in want.items()):
+            if self._acked_all(want):
                 if not fut.done():
                     fut.set_result(None)
             else:
                 pending.append((want, fut))
         self._waiters = pending
 
+    def _acked_all(self, want: dict[TP, int]) -> bool:
+        return all(self._acked.get(tp, 0) >= n for tp, n in want.items())
+
     async def flush(self) -> None:
         """Returns once every write produced before the call is acknowledged."""
         want = dict(self._produced)
-        with self._lock:
-            if self._failure is not None:
-                raise RuntimeError(self._failure)
-            if all(self._acked.get(tp, 0) >= n for tp, n in want.items()):
-                return
+        self.poll()  # acks that already arrived count without waiting for the next turn
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
+        if self._acked_all(want):
+            return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((want, fut))
         await fut
 
     async def close(self, timeout_s: float = 30.0) -> None:
-        """Wait for every write, hand on the final offsets, stop the poller."""
+        """Wait for every write, hand on the final offsets, stop serving acks."""
         if self._producer is None:
             return
         try:
             await asyncio.wait_for(self.flush(), timeout_s)
         finally:
             self._settle()
-            self._stop.set()
-            if self._poller is not None:
-                self._poller.join(2)
+            if self._pumping is not None:
+                self._pumping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._pumping

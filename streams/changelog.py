@@ -83,6 +83,7 @@ class ChangelogProducer:
         self._failure: str | None = None
         self._in_flight = 0  # writes and publishes without a delivery report yet
         self._pumping: asyncio.Task[None] | None = None
+        self._busy = asyncio.Event()  # set by the first write after an idle spell
         self.writes = 0
 
     def _start(self) -> Producer:
@@ -97,7 +98,14 @@ class ChangelogProducer:
                 self.poll()
             except Exception:  # a dead pump would leave the barrier waiting forever
                 log.exception("serving changelog acks failed")
-            await asyncio.sleep(POLL_BUSY_S if self._in_flight else POLL_IDLE_S)
+            if self._in_flight:
+                await asyncio.sleep(POLL_BUSY_S)
+                continue
+            # Idle: a write wakes it at once, or a spread-out load would wait up to the
+            # idle period for each ack.
+            self._busy.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._busy.wait(), POLL_IDLE_S)
 
     def poll(self) -> None:
         """Serve the delivery reports that arrived, then settle what they decide."""
@@ -115,7 +123,7 @@ class ChangelogProducer:
             except BufferError:  # a million writes unsent: the broker is away or slow
                 if producer.poll(0.05):
                     self._settle()
-        self._in_flight += 1
+        self._count_in_flight()
         tp = (topic, partition)
         self._produced[tp] = self._produced.get(tp, 0) + 1
         self.writes += 1
@@ -143,8 +151,13 @@ class ChangelogProducer:
         except (BufferError, KafkaException) as exc:
             fut.set_exception(RuntimeError(f"publish refused: {exc}"))
         else:
-            self._in_flight += 1
+            self._count_in_flight()
         return fut
+
+    def _count_in_flight(self) -> None:
+        if not self._in_flight:
+            self._busy.set()
+        self._in_flight += 1
 
     # --- acks ---------------------------------------------------------------------------------
 

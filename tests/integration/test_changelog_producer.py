@@ -18,6 +18,7 @@ from confluent_kafka.admin import NewTopic
 from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from kron.topics import admin_client
+from streams import changelog
 from streams.changelog import ChangelogProducer
 
 pytestmark = pytest.mark.integration
@@ -114,3 +115,22 @@ def test_close_waits_for_what_is_in_flight(kafka_settings: Settings) -> None:
     asyncio.run(run())
     assert _high_watermarks(kafka_settings, topic)[0] == 500
     assert offsets[(topic, 0)] == 499
+
+
+def test_a_write_after_an_idle_spell_is_acked_without_waiting_out_the_idle_poll(
+        kafka_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing in flight the acks are served rarely; the next write must wake that
+    service, or a spread-out load waits up to the idle period for every ack."""
+    monkeypatch.setattr(changelog, "POLL_IDLE_S", 10.0)
+    topic = _topic(kafka_settings)
+
+    async def run() -> None:
+        producer = _producer(kafka_settings, {}, [])
+        producer.produce(topic, 0, b"warm-up", b"v", None)
+        await asyncio.wait_for(producer.flush(), 30)
+        await asyncio.sleep(0.2)  # the last ack is served: the service waits idle
+        producer.produce(topic, 1, b"after", b"v", None)
+        await asyncio.wait_for(producer.flush(), 5)
+        await producer.close()
+
+    asyncio.run(run())

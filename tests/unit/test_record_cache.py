@@ -71,12 +71,18 @@ def test_a_record_written_here_reads_back_equal_without_a_decode(tables: Any) ->
     assert later.job("no such job") is None
 
 
-def test_reads_are_copies_the_caller_may_change(tables: Any) -> None:
+def saved_execution(tables: Any) -> tuple[TableStore, RecordCache, Record, Record]:
+    """A store over `tables` that has just written an execution: the store, its cache, the
+    record it was given and a snapshot of that record as saved."""
     execs = RecordCache()
     ex = canonical(names.EXECUTION_STATE)
-    saved = copy.deepcopy(ex)
     store = store_of(tables, RecordCache(), execs)
     store.put_execution(ex)
+    return store, execs, ex, copy.deepcopy(ex)
+
+
+def test_reads_are_copies_the_caller_may_change(tables: Any) -> None:
+    store, execs, ex, saved = saved_execution(tables)
     first = store.execution(ex["exec_id"])
     assert first is not None and first["attempts"]
     first["state"] = "failed"
@@ -87,11 +93,7 @@ def test_reads_are_copies_the_caller_may_change(tables: Any) -> None:
 
 
 def test_changes_after_saving_do_not_reach_the_cache(tables: Any) -> None:
-    execs = RecordCache()
-    ex = canonical(names.EXECUTION_STATE)
-    saved = copy.deepcopy(ex)
-    store = store_of(tables, RecordCache(), execs)
-    store.put_execution(ex)
+    store, execs, ex, saved = saved_execution(tables)
     ex["state"] = "failed"
     ex["attempts"][0]["error"] = "changed after the save"
     assert store.execution(ex["exec_id"]) == saved

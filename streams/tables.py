@@ -7,11 +7,14 @@ through an EpochFence: a write from an owner that had already been replaced is s
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import faust
+import rocksdict
 
 from streams.changelog import ChangelogProducer
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
@@ -48,6 +51,37 @@ class KeyFloor:
             self._floor[partition] = key
 
 
+log = logging.getLogger("kron.tables")
+
+
+class WithoutWal:
+    """Faust's RocksDB options, opening every partition store without a write-ahead log.
+
+    The changelog in Kafka is the log of these stores: local state is trusted only after a
+    clean stop (streams.localstate), and rebuilt from Kafka after any other. RocksDB's own
+    log is then written for nothing, and it was most of a write's cost (rocksdict put
+    2.5 -> 0.5 us, delete 1.8 -> 0.35 us, measured). A store closed without a flush loses
+    its memtable, but a single column family loses only writes after its last flush: the
+    persisted offset (written after the data it covers) then points back as far, and
+    Faust's recovery reads those writes again. A clean stop flushes (FencedTable.on_stop).
+    """
+
+    def __init__(self, options: Any) -> None:
+        self._options = options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._options, name)
+
+    def open(self, path: Path, *, read_only: bool = False) -> Any:
+        db = self._options.open(path, read_only=read_only)
+        unlogged = rocksdict.WriteOptions()
+        # A property in the binding, though its stub declares a method (checked: the
+        # store's .log file stays empty).
+        setattr(unlogged, "disable_wal", True)  # noqa: B010
+        db.set_write_options(unlogged)
+        return db
+
+
 class FencedTable(faust.Table[Any, Any]):
     """A table whose changelog is judged by owner epoch on every replay."""
 
@@ -60,6 +94,24 @@ class FencedTable(faust.Table[Any, Any]):
         self._changelog_name: str | None = None
         self.fence = EpochFence()
         self.floor = KeyFloor()
+
+    def _new_store(self) -> Any:
+        store = super()._new_store()
+        if hasattr(store, "rocksdb_options"):  # not for Faust's memory:// store
+            store.rocksdb_options = WithoutWal(store.rocksdb_options)
+        return store
+
+    async def on_stop(self) -> None:
+        """Write the memtables out before the store lets go of its DBs (WithoutWal).
+        RocksDB also flushes a log-less memtable when the DB closes, but that happens only
+        once the last reference (an iterator, say) is gone; this does not wait for it."""
+        dbs = getattr(self.data, "_dbs", {})
+        for partition, db in list(dbs.items()):
+            try:
+                db.flush(True)
+            except Exception as exc:  # the restart reads more of the changelog; no loss
+                log.warning("flushing %s[%s] on stop failed: %r", self.name, partition, exc)
+        await super().on_stop()
 
     async def on_rebalance(self, assigned: Any, revoked: Any, newly_assigned: Any,
                            generation_id: int = 0) -> None:

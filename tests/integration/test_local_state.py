@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +34,13 @@ def test_clean_stop_keeps_state_and_a_crash_rebuilds_it(kafka_cluster, tmp_path,
         commands.send("CreateJob", later, spec=spec(target={"url": f"{receiver.url}/ok"},
                                                      run_at_ms=now_ms() + 40_000))
         assert wait_until(lambda: _applied(settings, later), 30)
+        # The stores keep no write-ahead log: the changelogs are theirs.
+        assert _wal_bytes(worker.data_dir) == 0
         worker.signal(signal.SIGTERM)
         worker.proc.wait(60)
         assert (worker.data_dir / "clean-shutdown").exists(), worker.log()[-3000:]
+        # Without a log, only the memtables' flush at the stop put the job on disk.
+        assert _stored_job(worker.data_dir, later), "the clean stop left the job unflushed"
         worker = WorkerProcess(settings, "w1", tmp_path).start()
         # One log file across the restarts: count the starts.
         assert wait_until(lambda: worker.log().count("engine started") >= 2, 90)
@@ -51,6 +56,31 @@ def test_clean_stop_keeps_state_and_a_crash_rebuilds_it(kafka_cluster, tmp_path,
     finally:
         worker.stop()
         commands.close()
+
+
+def _stores(data_dir: Path, table: str) -> list[Path]:
+    stores = sorted(data_dir.glob(f"**/tables/{table}-*.db"))
+    assert stores, f"no {table} stores under {data_dir}"
+    return stores
+
+
+def _stored_job(data_dir: Path, job_id: str) -> bool:
+    """Read the stopped worker's stores as a restart with the state kept would."""
+    import rocksdict
+
+    for path in _stores(data_dir, "jobs"):
+        db = rocksdict.Rdict(str(path), options=rocksdict.Options(raw_mode=True))
+        try:
+            if db.get(job_id.encode()) is not None:
+                return True
+        finally:
+            db.close()
+    return False
+
+
+def _wal_bytes(data_dir: Path) -> int:
+    return sum(log.stat().st_size for table in ("jobs", "executions", "timers")
+               for store in _stores(data_dir, table) for log in store.glob("*.log"))
 
 
 def _applied(settings, job_id: str) -> bool:

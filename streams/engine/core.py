@@ -391,7 +391,7 @@ class PartitionCore:
         # leases. If the worker dies before the deletes are durable, the redelivered tick
         # fires the same timers again, and finds (and repairs) what it started.
         for key, _ in fired:
-            self.store.delete_timer(key)
+            self.store.delete_timer(key, read=True)
         return ctx.effects, more
 
     def _fire_ahead(self, ctx: Context, *, room: int) -> tuple[list[tuple[bytes, bytes]], bool]:

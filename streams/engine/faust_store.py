@@ -217,9 +217,10 @@ class TableStore:
         if self._on_timer is not None:
             self._on_timer(self._partition, key)
 
-    def delete_timer(self, key: bytes) -> None:
-        # A timer already gone needs no tombstone.
-        if self._get(self._timers, key) is not None:
+    def delete_timer(self, key: bytes, *, read: bool = False) -> None:
+        # A timer already gone needs no tombstone; one just read (a fired timer) is there,
+        # or a redundant tombstone costs less than the lookup on every fire.
+        if read or self._get(self._timers, key) is not None:
             self._timers.write(self._partition, key, None, self._epoch)
 
     def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:

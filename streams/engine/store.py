@@ -48,7 +48,10 @@ class PartitionStore(Protocol):
 
     def put_timer(self, key: bytes, value: bytes) -> None: ...
 
-    def delete_timer(self, key: bytes) -> None: ...
+    def delete_timer(self, key: bytes, *, read: bool = False) -> None:
+        """Remove a timer. read=True: the caller read it from this store during this
+        event, so the store need not check that it exists before writing the delete."""
+        ...
 
     def known_terminal(self, exec_id: str) -> bool:
         """True if the execution is known to be in a terminal state without decoding it.
@@ -125,7 +128,7 @@ class MemoryStore:
         ex = self.executions.get(exec_id)
         return ex is not None and ex["state"] in TERMINAL
 
-    def delete_timer(self, key: bytes) -> None:
+    def delete_timer(self, key: bytes, *, read: bool = False) -> None:
         if self.timers.pop(key, None) is not None:
             del self._keys[bisect.bisect_left(self._keys, key)]
 

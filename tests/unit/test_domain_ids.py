@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import enum
+import hashlib
 import pickle
 
 import pytest
@@ -34,6 +36,45 @@ def test_encoding_is_injective(a: list[str | int], b: list[str | int]) -> None:
     same = [(type(x), x) for x in a] == [(type(y), y) for y in b]
     assert (encode_parts(*a) == encode_parts(*b)) == same
     assert (event_id(*a) == event_id(*b)) == same
+
+
+def reference_encoding(*parts: str | int) -> bytes:
+    """The encoding as first written: ids already in Kafka were derived from these bytes."""
+    out = bytearray()
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, str | int):
+            raise TypeError(type(part).__name__)
+        tag, raw = (b"s", part.encode("utf-8")) if isinstance(part, str) else (b"i", b"%d" % part)
+        out += tag
+        out += len(raw).to_bytes(4, "big")
+        out += raw
+    return bytes(out)
+
+
+class Kind(enum.IntEnum):
+    ONE = 1
+
+
+class Name(enum.StrEnum):
+    A = "a"
+
+
+@given(st.lists(st.text() | st.integers(-(10**30), 10**30)
+                | st.sampled_from([Kind.ONE, Name.A]), max_size=6))
+def test_encoding_is_unchanged(parts: list[str | int]) -> None:
+    assert encode_parts(*parts) == reference_encoding(*parts)
+
+
+def test_ids_are_pinned() -> None:
+    """Known values: a change here re-identifies every execution and event in Kafka."""
+    assert exec_id("job-1", 1_767_225_600_000) == _digest_hex(b"kron.exec", "job-1",
+                                                               1_767_225_600_000)
+    assert event_id("x", 1, "y") == _digest_hex(b"kron.event", "x", 1, "y")
+
+
+def _digest_hex(person: bytes, *parts: str | int) -> str:
+    return hashlib.blake2b(reference_encoding(*parts), digest_size=16,
+                           person=person).hexdigest()
 
 
 def test_encoding_rejects_other_types() -> None:

@@ -700,3 +700,21 @@ def test_jitter_spreads_and_validates() -> None:
         with pytest.raises(InvalidPolicy) as err:
             apply_jitter(0, jitter_s=bad, job_id="j")
         assert err.value.field == "jitter_s"
+
+
+def test_remembered_next_slots_depend_on_zone_and_dst_policy() -> None:
+    """next_slot remembers answers by (expression, zone, policy, instant): the jobs of a
+    spike share them. Asked for the same instant under every zone and policy in turn, each
+    answer must be the one computed afresh."""
+    from streams.domain import schedule as module
+
+    expr, t0 = "0 30 2 * * *", utc_ms(2026, 3, 28, 12)  # the day before the EU spring gap
+    fresh = {}
+    for zone in ZONES:
+        for dst in POLICIES:
+            module._next_slots.clear()
+            fresh[zone, dst] = next_slot(parse_cron(expr, zone), after_ms=t0, dst=dst)
+    assert len(set(fresh.values())) > 2  # the cases do differ
+    for _ in range(2):
+        for (zone, dst), slot in fresh.items():
+            assert next_slot(parse_cron(expr, zone), after_ms=t0, dst=dst) == slot

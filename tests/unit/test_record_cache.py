@@ -153,3 +153,13 @@ def test_memory_store_catches_a_nested_change_after_the_save() -> None:
     job["envelope"]["producer"] = "changed in place"
     with pytest.raises(AssertionError, match="changed in place after it was saved"):
         store.job(job["job_id"])
+
+
+def test_a_fired_timer_is_deleted_without_reading_it_again(tables: Any) -> None:
+    store = store_of(tables, RecordCache(), RecordCache())
+    store.put_timer(b"t-1", b"{}")
+    with mock.patch.object(TableStore, "_get", side_effect=AssertionError("read")):
+        store.delete_timer(b"t-1", read=True)
+    assert tables["timers"].db.get(b"t-1") is None
+    store.delete_timer(b"t-2")  # never written: nothing to delete, no tombstone either
+    assert store.due_timers(b"\xff", 10) == []

@@ -162,10 +162,9 @@ class TableStore:
     """
 
     def __init__(self, *, jobs: Any, executions: Any, timers: Any, partition: int,
+                 job_cache: RecordCache, execution_cache: RecordCache,
                  epoch: int = 0, on_timer: Any = None,
-                 terminal: TerminalMemo | None = None,
-                 job_cache: RecordCache | None = None,
-                 execution_cache: RecordCache | None = None) -> None:
+                 terminal: TerminalMemo | None = None) -> None:
         self._jobs = jobs
         self._executions = executions
         self._timers = timers
@@ -173,9 +172,9 @@ class TableStore:
         self._epoch = epoch
         self._on_timer = on_timer
         self._terminal = terminal if terminal is not None else TerminalMemo()
-        self._job_cache = job_cache if job_cache is not None else RecordCache(0)
-        self._execution_cache = (execution_cache if execution_cache is not None
-                                 else RecordCache(0))
+        # Owned by the engine: a store lives for one event, the caches for the process.
+        self._job_cache = job_cache
+        self._execution_cache = execution_cache
 
     def _get(self, table: Any, key: bytes) -> bytes | None:
         raw = partition_db(table, self._partition).get(key)

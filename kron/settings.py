@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     # Call targets only after the attempt's start is acknowledged by Kafka: a crash then
     # repeats a call only as a new attempt with a new token. Costs dispatch latency.
     dispatch_barrier: bool = True
+    # Apply the results of attempts this worker made, for partitions it owns, at once
+    # instead of through kron.signals (streams/reports.py). Off: every result is an event.
+    local_results: bool = True
     # Attempts in flight per worker. A Kafka target holds its slot until the broker acks
     # (acks=all), so throughput per worker is at most this over the ack latency.
     executor_concurrency: int = Field(default=1024, ge=1, le=65_536)

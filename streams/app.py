@@ -130,8 +130,10 @@ class Engine:
         self.plans = PlanCache()
         # Built now, started with the app: a dispatch may arrive before the start-up task.
         self.barrier = DurabilityBarrier(self._flush)
-        self.results = ResultBatcher(send=self._send_signal, clock=self.clock,
-                                     worker_id=settings.worker_id, busy=self._calls_waiting)
+        self.results = ResultBatcher(
+            send=self._send_signal, clock=self.clock, worker_id=settings.worker_id,
+            busy=self._calls_waiting,
+            apply=self._apply_results if settings.local_results else None)
         self.executor = Executor(
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
                      "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
@@ -234,6 +236,7 @@ class Engine:
             "held": self.executor.held,
             "dead_letters": st.dead_letters, "ticks_sent": self.ticker.sent,
             "flushes": self.barrier.flushes, "result_batches": self.results.batches,
+            "result_batches_applied_here": self.results.applied,
             "changelog_writes": self.changelog.writes, "fenced": self.executor.fenced,
             "skipped_records": self.commit_guard.holes, **st.lag_summary(),
             "record_cache_hits": self.job_cache.hits + self.execution_cache.hits,
@@ -269,6 +272,24 @@ class Engine:
         value = codec.encode_trusted(name, record)
         await self.signals.send(key=record.get("job_id", "").encode(), value=value,
                                 partition=partition)
+
+    async def _apply_results(self, partition: int, record: dict[str, Any]) -> bool:
+        """Our own executor's AttemptsFinished batch, applied as the agent applies one read
+        from kron.signals (streams/reports.py says why). Declined (then sent as an event)
+        while we may not act for the partition, or if applying it failed: the agent then
+        tries it from the topic, and dead-letters it if it fails again."""
+        if self.app.rebalancing or not self.owns(partition):
+            return False
+        try:
+            core, ctx = self._core(partition, record)
+            effects = core.on_report(names.ATTEMPTS_FINISHED, record, ctx)
+        except Exception:
+            log.exception("applying results here failed; sending them as an event",
+                          extra={"worker": self.settings.worker_id, "partition": partition})
+            return False
+        self.stats.reports += 1
+        await self._apply(effects, partition)
+        return True
 
     async def _send_signal(self, partition: int, value: bytes) -> None:
         await self.signals.send(key=b"results", value=value, partition=partition)

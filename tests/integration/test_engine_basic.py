@@ -49,3 +49,43 @@ def test_one_off_job_calls_the_target_once_on_time(
     assert hit.headers["X-Kron-Fencing-Token"] == "1"
     sched = datetime.fromisoformat(hit.headers["X-Kron-Scheduled-For"])
     assert int(sched.astimezone(UTC).timestamp() * 1000) == run_at
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["applied-here", "as-events"])
+def test_results_of_owned_partitions_skip_the_signals_topic(
+    kafka_cluster, tmp_path, receiver: Receiver, local: bool
+) -> None:
+    """A worker applies its own attempts' results for the partitions it owns without a
+    round trip through kron.signals; with KRON_LOCAL_RESULTS=false each batch is an event.
+    Either way every execution ends `succeeded`, once."""
+    from replay.reader import read_topic
+    from schemas.names import ATTEMPTS_FINISHED
+    from tests.conftest import fresh_settings
+    from tests.support.stack import WorkerProcess
+
+    settings = fresh_settings(kafka_cluster, tmp_path / "d")
+    commands = Commands(settings)
+    worker = WorkerProcess(settings, "w1", tmp_path)
+    worker.env["KRON_LOCAL_RESULTS"] = str(local).lower()
+    worker.start()
+    try:
+        jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(8)]  # spread over partitions
+        for job_id in jobs:
+            commands.send("CreateJob", job_id, spec=spec(target={"url": f"{receiver.url}/ok"},
+                                                          run_at_ms=now_ms()))
+        for job_id in jobs:
+            assert receiver.wait_for(job_id, 1, 90), worker.log()[-3000:]
+        for job_id in jobs:
+            done = wait_until(lambda j=job_id: [e for e in latest_executions(settings, j)
+                                                .values() if e["state"] == "succeeded"], 30)
+            assert len(done) == 1 and done[0]["attempt"] == 1, worker.log()[-3000:]
+        batches = [e for e in read_topic(settings, settings.topic("signals"))
+                   if e.name == ATTEMPTS_FINISHED]
+        if local:
+            assert batches == []
+        else:
+            reported = {r["exec_id"] for e in batches for r in e.record["results"]}
+            assert len(reported) == len(jobs)
+    finally:
+        worker.stop()
+        commands.close()

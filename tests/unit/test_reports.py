@@ -187,3 +187,25 @@ async def test_the_executor_lets_only_successes_of_allow_jobs_wait() -> None:
         await asyncio.sleep(0.005)
     await ex.stop()
     assert told == {"ok": 60_001, "failed": None, "skip": None}
+
+
+async def test_batches_for_owned_partitions_are_applied_here_and_the_rest_sent() -> None:
+    """The engine's `apply` takes a batch (returns True) or declines it (False): only the
+    declined ones become signals, each result exactly once either way."""
+    sink, clock = Sink(), ManualClock()
+    applied: list[tuple[int, list[str]]] = []
+
+    async def apply(partition: int, record: dict[str, Any]) -> bool:
+        if partition != 0:
+            return False  # not ours
+        applied.append((partition, [r["exec_id"] for r in record["results"]]))
+        return True
+
+    b = ResultBatcher(send=sink, clock=clock, worker_id="w", apply=apply)
+    b.start()
+    for n in range(4):
+        b.add(n % 2, item(f"e{n}"))
+    assert await settle(sink)
+    await b.stop()
+    assert applied == [(0, ["e0", "e2"])] and sink.sent == [(1, ["e1", "e3"])]
+    assert (b.applied, b.batches, b.results) == (1, 2, 4)

@@ -1,8 +1,9 @@
 """Disk full in a worker's state dir (a small tmpfs as its KRON_DATA_DIR, filled up) under a
 seeded load. Expected: the worker stops with a clear error naming the disk ("No space" /
-"disk") or degrades without dead-lettering valid commands as poison; the other worker takes
-its partitions; after space returns the worker restarts, recovers from the changelogs, and
-no slot is lost or triggered twice."""
+"disk") and the other worker takes its partitions, or it runs on from memory (its stores
+keep no write-ahead log, so a small load may not write the disk at all) without losing,
+doubling or dead-lettering anything; after space returns the worker restarts, recovers
+from the changelogs, and no slot is lost or triggered twice."""
 
 from __future__ import annotations
 
@@ -47,11 +48,12 @@ def tmpfs(path: Path, size: str = "8m"):
 
 def fill(path: Path) -> Path:
     filler = path / "filler"
-    with open(filler, "wb") as f:
+    # Unbuffered: a buffered file that took part of its last chunk would raise ENOSPC
+    # again at close, trying to flush the rest (it did once the state dir's use changed).
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
     return filler
@@ -83,7 +85,16 @@ def test_disk_full_stops_the_worker_cleanly_and_it_recovers(
         letters = [e.record for e in read_topic(settings.bootstrap_servers,
                                                 settings.topic("dead-letters"))
                    if e.record and (e.key or b"").decode().startswith(f"df-{tag}")]
-        if not (exited and clear and not letters):
+        # The stores keep no write-ahead log (the changelogs are their log): the worker
+        # writes its state dir only when a memtable flushes (16 MB per store) or it stops.
+        # A small load may then run on from memory and Kafka, which is correct as long as
+        # nothing is lost, doubled or dead-lettered while the disk stays full.
+        ran_on = not exited and not letters
+        if ran_on:
+            ran_on = wait_settled(settings, load, 90)
+            during = judge(settings, rcv, load)
+            assert not during.lost and not during.duplicates, during.summary()
+        if not (ran_on or (exited and clear and not letters)):
             # Today's engine: measure what the fault did, then fail (xfail) without the
             # recovery waits, which only make sense once the worker stops cleanly.
             verdict = judge(settings, rcv, load)
@@ -114,9 +125,10 @@ def test_disk_full_stops_the_worker_cleanly_and_it_recovers(
         lost=len(verdict.lost), duplicates=len(verdict.duplicates),
         max_lateness_ms=verdict.max_lateness_ms, attempts_ok=verdict.attempts_ok,
         notes=f"worker exited: {bool(exited)}; clear disk error in log: {clear}; "
+              f"ran on from memory while full: {ran_on}; "
               f"valid commands dead-lettered: {len(letters)}; rejoined: {recovered}")
     assert recovered, fleet.logs()
     assert settled, fleet.logs()
     assert not verdict.lost and not verdict.duplicates, verdict.summary()
     assert not letters, f"valid commands dead-lettered as poison: {letters[:3]}"
-    assert exited and clear, f"no clean stop with a disk error:\n{log[-3000:]}"
+    assert ran_on or (exited and clear), f"no clean stop with a disk error:\n{log[-3000:]}"

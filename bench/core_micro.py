@@ -5,8 +5,8 @@
 R per-second `allow` cron jobs (as `kron bench steady` creates them) over real RocksDB
 stores (rocksdict, no write-ahead log, as the worker opens them), fired second by second in
 chunks of the worker's TICK_CHUNK, then finished by results in batches of the result
-batcher's size. A state write's changelog half is a call that keeps the record: the
-librdkafka produce and its ack are measured by the real benches, not here. Reports CPU
+batcher's size. A state write's changelog half (librdkafka's produce and its ack) is left
+out: the real benches measure it. Reports CPU
 microseconds per execution for the fire (tick) and the finish (report) paths, the median
 of the seconds. --profile prints cProfile's top functions for the whole run.
 """
@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Options, Rdict, WriteOptions
+from rocksdict import Options, Rdict
 
 from bench.jobs import create_command, job_spec, kafka_target
 from streams.app import TICK_CHUNK
 from streams.engine.core import Context, Dispatch, PartitionCore, PlanCache
 from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo
 from streams.reports import MAX_BATCH
+from streams.tables import unlogged_writes
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a whole second
 
@@ -41,17 +42,13 @@ class Table:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self.db = Rdict(str(path), options=options)
-        unlogged = WriteOptions()
-        setattr(unlogged, "disable_wal", True)  # noqa: B010 (see streams.tables)
-        self.db.set_write_options(unlogged)
+        self.db.set_write_options(unlogged_writes())
         self.data = self
-        self.produced: list[tuple[bytes, bytes | None]] = []
 
     def _db_for_partition(self, partition: int) -> Rdict:
         return self.db
 
     def write(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> None:
-        self.produced.append((key, value))
         if value is None:
             self.db.delete(key)
         else:
@@ -78,7 +75,6 @@ class Partition:
 
     def close(self) -> None:
         for t in self.tables.values():
-            t.produced.clear()
             t.db.close()
 
 
@@ -128,8 +124,6 @@ def run(jobs: int, seconds: int, root: Path) -> dict[str, Any]:
             assert len(dispatches) == jobs, f"second {s}: {len(dispatches)} of {jobs} fired"
             fire_us.append((fired - t) / jobs * 1e6)
             finish_us.append((done - fired) / jobs * 1e6)
-            for table in part.tables.values():
-                table.produced.clear()
         return {"jobs": jobs, "seconds": seconds,
                 "fire_us": round(statistics.median(fire_us), 1),
                 "finish_us": round(statistics.median(finish_us), 1)}

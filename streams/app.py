@@ -281,13 +281,11 @@ class Engine:
         if self.app.rebalancing or not self.owns(partition):
             return False
         try:
-            core, ctx = self._core(partition, record)
-            effects = core.on_report(names.ATTEMPTS_FINISHED, record, ctx)
+            effects = self._on_report(partition, names.ATTEMPTS_FINISHED, record)
         except Exception:
             log.exception("applying results here failed; sending them as an event",
                           extra={"worker": self.settings.worker_id, "partition": partition})
             return False
-        self.stats.reports += 1
         await self._apply(effects, partition)
         return True
 
@@ -436,16 +434,22 @@ class Engine:
 
     def _handle(self, msg: Any, decoded: Any) -> list[Any]:
         name, rec = decoded.name, decoded.record
+        if name in REPORTS:
+            return self._on_report(msg.partition, name, rec)
         core, ctx = self._core(msg.partition, rec)
         if name.startswith("kron.commands."):
             self.stats.commands += 1
             return core.on_command(name, rec, ctx)
-        if name in REPORTS:
-            self.stats.reports += 1
-            return core.on_report(name, rec, ctx)
         if name in IGNORED:
             return []
         raise PermanentError(f"{name} does not belong on {msg.topic}", field=None)
+
+    def _on_report(self, partition: int, name: str, rec: dict[str, Any]) -> list[Any]:
+        """An attempt's report, or a batch of them: from kron.signals, or from our own
+        executor for a partition we own (_apply_results)."""
+        core, ctx = self._core(partition, rec)
+        self.stats.reports += 1
+        return core.on_report(name, rec, ctx)
 
     async def _apply(self, effects: list[Any], partition: int) -> None:
         for effect in effects:

@@ -74,12 +74,17 @@ class WithoutWal:
 
     def open(self, path: Path, *, read_only: bool = False) -> Any:
         db = self._options.open(path, read_only=read_only)
-        unlogged = rocksdict.WriteOptions()
-        # A property in the binding, though its stub declares a method (checked: the
-        # store's .log file stays empty).
-        setattr(unlogged, "disable_wal", True)  # noqa: B010
-        db.set_write_options(unlogged)
+        db.set_write_options(unlogged_writes())
         return db
+
+
+def unlogged_writes() -> rocksdict.WriteOptions:
+    """Write options without RocksDB's write-ahead log (see WithoutWal)."""
+    options = rocksdict.WriteOptions()
+    # A property in the binding, though its stub declares a method (checked: the store's
+    # .log file stays empty).
+    setattr(options, "disable_wal", True)  # noqa: B010
+    return options
 
 
 class FencedTable(faust.Table[Any, Any]):

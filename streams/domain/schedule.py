@@ -152,24 +152,16 @@ def next_slot(schedule: Schedule, *, after_ms: int, dst: DstPolicy) -> Slot | No
     if after_ms > MAX_EPOCH_MS:
         return None
     # Nothing before 1900 is ever scheduled, so clamping cannot change the answer.
-    t0 = max(after_ms, MIN_EPOCH_MS)
-    key = (schedule.expr, schedule.timezone, dst, t0)
-    try:
-        return _next_slots[key]
-    except KeyError:
-        pass
-    found = _next_slots[key] = _next_cron_slot(schedule._spec, schedule._tz, t0, dst)
-    if len(_next_slots) > _NEXT_SLOTS_MAX:
-        del _next_slots[next(iter(_next_slots))]
-    return found
+    return _remembered_next_slot(schedule, max(after_ms, MIN_EPOCH_MS), dst)
 
 
 # The jobs of a spike mostly share their schedule ("0 * * * *" at the top of the hour, or
 # the bench's "* * * * * *"), and ask for the same next slot after the same one: computing
-# it cost 8.7 us a time, a dict lookup ~0.5 us. A pure function of the key, so a memo never
-# changes an answer (Slot is frozen); bounded, oldest out.
-_NEXT_SLOTS_MAX = 4096
-_next_slots: dict[tuple[str, str, DstPolicy, int], Slot | None] = {}
+# it cost 8.7 us a time, a hit ~0.2 us. A CronSchedule hashes by its expression and zone,
+# and the answer is a pure function of them, the instant and the policy (Slot is frozen).
+@lru_cache(maxsize=4096)
+def _remembered_next_slot(schedule: CronSchedule, t0: int, dst: DstPolicy) -> Slot | None:
+    return _next_cron_slot(schedule._spec, schedule._tz, t0, dst)
 
 
 def _ms(delta: timedelta | None) -> int:

@@ -712,7 +712,7 @@ def test_remembered_next_slots_depend_on_zone_and_dst_policy() -> None:
     fresh = {}
     for zone in ZONES:
         for dst in POLICIES:
-            module._next_slots.clear()
+            module._remembered_next_slot.cache_clear()
             fresh[zone, dst] = next_slot(parse_cron(expr, zone), after_ms=t0, dst=dst)
     assert len(set(fresh.values())) > 2  # the cases do differ
     for _ in range(2):

@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     # Apply the results of attempts this worker made, for partitions it owns, at once
     # instead of through kron.signals (streams/reports.py). Off: every result is an event.
     local_results: bool = True
+    # Apply the ticker's ticks for owned partitions at once instead of sending them through
+    # kron.signals (~10 ms before each due second's first decision). Off: every tick is an event.
+    local_ticks: bool = True
     # Attempts in flight per worker. A Kafka target holds its slot until the broker acks
     # (acks=all), so throughput per worker is at most this over the ack latency.
     executor_concurrency: int = Field(default=1024, ge=1, le=65_536)

@@ -2,8 +2,11 @@
 
 It keeps, per owned partition, the due time of the earliest durable timer (one RocksDB
 seek) and sleeps until the soonest one. The agent tells it when a write adds an earlier
-timer and when a tick has been processed. The tick carries the ticker's clock reading;
-the agent fires with that time, so firing is a pure function of the event and the state.
+timer and when a tick has been processed. The tick carries the ticker's clock reading and
+firing uses that time, so firing is a pure function of the tick and the state. A tick for
+a partition this process owns is applied here at once (Engine.tick_here); otherwise, or if
+the engine declines (rebalancing, stopping, lease lapsed), it goes through kron.signals and
+whichever process owns the partition applies it.
 
 With fire-ahead on, a tick also decides the eligible slots due within the next
 `fire_ahead_s` (the window travels in the tick). The ticker then also watches, per
@@ -47,6 +50,9 @@ class Ticker:
     def __init__(self, *, engine: Engine) -> None:
         self._engine = engine
         self._ahead_ms = int(engine.settings.fire_ahead_s * 1000)
+        # Ticks for partitions this process owns are applied here (Engine.tick_here) rather
+        # than sent through kron.signals, unless the engine declines.
+        self._local = engine.settings.local_ticks
         self._next: dict[int, int | None] = {}
         # Fire-ahead, per partition: every eligible timer due by `_decided` was decided;
         # `_early` is the first timer due after that; `_window` the end of the window the
@@ -150,6 +156,9 @@ class Ticker:
         clock = self._engine.clock
         last_scan = 0.0
         while True:
+            # Cleared before the reads, not after the sends: a tick applied here takes a
+            # while, and a timer added meanwhile must wake the next pass, not wait RESCAN_S.
+            self._wake.clear()
             mono = clock.monotonic()
             owned = self._owned()
             if mono - last_scan >= RESCAN_S:
@@ -165,8 +174,8 @@ class Ticker:
                     wait = min(wait, wait_ms / 1000)
                 elif mono - self._outstanding.get(p, -RESEND_S) >= RESEND_S:
                     self._outstanding[p] = mono
-                    await self._send_tick(p, now)
-            self._wake.clear()
+                    # Read again: ticks applied here before this one took time.
+                    await self._send_tick(p, clock.now_ms())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
@@ -205,6 +214,8 @@ class Ticker:
             "now_ms": now_ms,
             "fire_ahead_ms": window,
         }
+        if self._local and await self._engine.tick_here(record):
+            return
         if window:
             value = codec.encode(names.TICK, record)
         else:  # as v1, which workers from before fire-ahead read too (a rolling upgrade)

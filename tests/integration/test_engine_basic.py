@@ -52,14 +52,15 @@ def test_one_off_job_calls_the_target_once_on_time(
 
 
 @pytest.mark.parametrize("local", [True, False], ids=["applied-here", "as-events"])
-def test_results_of_owned_partitions_skip_the_signals_topic(
+def test_ticks_and_results_of_owned_partitions_skip_the_signals_topic(
     kafka_cluster, tmp_path, receiver: Receiver, local: bool
 ) -> None:
-    """A worker applies its own attempts' results for the partitions it owns without a
-    round trip through kron.signals; with KRON_LOCAL_RESULTS=false each batch is an event.
-    Either way every execution ends `succeeded`, once."""
+    """A worker applies its own ticks and its own attempts' results for the partitions it
+    owns without a round trip through kron.signals; with KRON_LOCAL_TICKS=false and
+    KRON_LOCAL_RESULTS=false each tick and each batch is an event. Either way every
+    execution ends `succeeded`, once."""
     from replay.reader import read_topic
-    from schemas.names import ATTEMPTS_FINISHED
+    from schemas.names import ATTEMPTS_FINISHED, TICK
     from tests.conftest import fresh_settings
     from tests.support.stack import WorkerProcess
 
@@ -67,6 +68,7 @@ def test_results_of_owned_partitions_skip_the_signals_topic(
     commands = Commands(settings)
     worker = WorkerProcess(settings, "w1", tmp_path)
     worker.env["KRON_LOCAL_RESULTS"] = str(local).lower()
+    worker.env["KRON_LOCAL_TICKS"] = str(local).lower()
     worker.start()
     try:
         jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(8)]  # spread over partitions
@@ -79,13 +81,16 @@ def test_results_of_owned_partitions_skip_the_signals_topic(
             done = wait_until(lambda j=job_id: [e for e in latest_executions(settings, j)
                                                 .values() if e["state"] == "succeeded"], 30)
             assert len(done) == 1 and done[0]["attempt"] == 1, worker.log()[-3000:]
-        batches = [e for e in read_topic(settings, settings.topic("signals"))
-                   if e.name == ATTEMPTS_FINISHED]
+        signals = read_topic(settings, settings.topic("signals"))
+        batches = [e for e in signals if e.name == ATTEMPTS_FINISHED]
+        ticked = {e.record["partition"] for e in signals if e.name == TICK}
+        fired_in = {e.partition for e in signals if e.name == ATTEMPTS_FINISHED}
         if local:
-            assert batches == []
+            assert batches == [] and ticked == set()
         else:
             reported = {r["exec_id"] for e in batches for r in e.record["results"]}
             assert len(reported) == len(jobs)
+            assert fired_in <= ticked, (fired_in, ticked)
     finally:
         worker.stop()
         commands.close()

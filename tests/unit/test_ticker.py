@@ -21,10 +21,11 @@ class FlakyEngine:
 
     def __init__(self) -> None:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
-        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0)
+        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0, local_ticks=True)
         self.executor = SimpleNamespace(backlog=0)
         self.timers = object()
         self.failures = 2
+        self.declined = 0
         self.sent: list[tuple[int, dict[str, Any]]] = []
         self.lease = SimpleNamespace(watch=lambda coordinator: None, valid=lambda: True)
         self.signals = SimpleNamespace(send=self._send)
@@ -37,6 +38,10 @@ class FlakyEngine:
             self.failures -= 1
             raise RuntimeError("partition DB closed")
         return {3}
+
+    async def tick_here(self, record: dict[str, Any]) -> bool:
+        self.declined += 1  # as a rebalancing engine does: the tick goes as an event
+        return False
 
     async def _send(self, *, key: bytes, value: bytes, partition: int) -> None:
         self.sent.append((partition, codec.decode(value).record))
@@ -61,6 +66,7 @@ def test_ticker_survives_an_error_and_ticks_the_due_partition(
 
     asyncio.run(run())
     assert engine.failures == 0
+    assert engine.declined == 1
     assert [(p, r["now_ms"]) for p, r in engine.sent] == [(3, 10_000)]
 
 
@@ -71,11 +77,15 @@ def _key(due_ms: int, eligible: bool) -> bytes:
 class AheadEngine:
     """One partition whose timer index is a sorted list. A tick "fires" what a core with
     a 3 s fire-ahead window would: everything due, and the eligible keys (suffix E) in
-    the window; ineligible ones (a lease, another overlap policy) stay until due."""
+    the window; ineligible ones (a lease, another overlap policy) stay until due. `local`:
+    ticks are applied by tick_here, which reports back before it returns, as
+    Engine.tick_here does; otherwise they are sent and reported back later, as the agent
+    does."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, local: bool = False, fire_ahead_s: float = 3.0) -> None:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
-        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=3.0)
+        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=fire_ahead_s,
+                                        local_ticks=local)
         self.executor = SimpleNamespace(backlog=0)
         self.timers = object()
         self.keys: list[bytes] = []
@@ -96,12 +106,22 @@ class AheadEngine:
         return next((k for k in sorted(self.keys)
                      if int.from_bytes(k[:8], "big") > after_ms), None)
 
+    async def tick_here(self, record: dict[str, Any]) -> bool:
+        more = self._fire(record["now_ms"], record["fire_ahead_ms"])
+        assert self.ticker is not None
+        self.ticker.ticked(record["partition"], more=more)
+        return True
+
     async def _send(self, *, key: bytes, value: bytes, partition: int) -> None:
         decoded = codec.decode(value)
         tick = decoded.record
-        now, window = tick["now_ms"], tick["fire_ahead_ms"]
         # A tick that decides nothing ahead is written as v1, which older workers read.
-        assert decoded.version == (2 if window else 1), (decoded.version, window)
+        assert decoded.version == (2 if tick["fire_ahead_ms"] else 1), decoded.version
+        more = self._fire(tick["now_ms"], tick["fire_ahead_ms"])
+        assert self.ticker is not None
+        asyncio.get_running_loop().call_soon(lambda: self.ticker.ticked(partition, more=more))
+
+    def _fire(self, now: int, window: int) -> bool:
         self.sent.append(now)
         self.windows.append(window)
         fired = [k for k in sorted(self.keys) if (
@@ -110,8 +130,7 @@ class AheadEngine:
         more = self.budget is not None and len(fired) > self.budget
         fired = fired[:self.budget]
         self.keys = [k for k in self.keys if k not in fired]
-        assert self.ticker is not None
-        asyncio.get_running_loop().call_soon(lambda: self.ticker.ticked(partition, more=more))
+        return more
 
     def add(self, key: bytes) -> None:
         self.keys.append(key)
@@ -119,9 +138,10 @@ class AheadEngine:
         self.ticker.timer_added(0, key)
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["as-events", "here"])
 def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = AheadEngine()
+        monkeypatch: pytest.MonkeyPatch, local: bool) -> None:
+    engine = AheadEngine(local=local)
     monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
     monkeypatch.setattr(ticker_mod, "first_timer_after",
                         lambda table, p, after: engine.first(after))
@@ -181,11 +201,12 @@ def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["as-events", "here"])
 def test_a_spike_decided_ahead_over_several_ticks_is_not_being_behind(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, local: bool) -> None:
     """A tick that hit its budget deciding ahead says "more", yet nothing is due: the next
     tick goes out at once and keeps its window (being behind would send 0)."""
-    engine = AheadEngine()
+    engine = AheadEngine(local=local)
     engine.budget = 5
     monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
     monkeypatch.setattr(ticker_mod, "first_timer_after",
@@ -202,6 +223,32 @@ def test_a_spike_decided_ahead_over_several_ticks_is_not_being_behind(
             await asyncio.sleep(0.005)
         assert engine.keys == []
         assert engine.windows == [3_000] * 5, engine.windows
+        assert t._task is not None
+        t._task.cancel()
+
+    asyncio.run(run())
+
+
+def test_a_tick_applied_here_that_leaves_more_due_is_followed_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick applied here reports back before the ticker's pass ends. Its "more" must
+    start the next pass at once: a wake-up cleared after the pass slept until the rescan
+    (RESCAN_S, long here), one budget of a spike per rescan."""
+    engine = AheadEngine(local=True, fire_ahead_s=0.0)
+    engine.budget = 5
+    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
+    monkeypatch.setattr(ticker_mod, "RESCAN_S", 30.0)
+
+    async def run() -> None:
+        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        engine.keys = [_key(9_000 + i, eligible=False) for i in range(23)]  # all due
+        t.start()
+        for _ in range(200):  # 2 s at most, far short of one rescan
+            if not engine.keys:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.keys == []
+        assert engine.sent == [10_000] * 5  # 23 timers, 5 a tick
         assert t._task is not None
         t._task.cancel()
 

@@ -135,7 +135,7 @@ class Engine:
         self.barrier = DurabilityBarrier(self._flush)
         self.results = ResultBatcher(
             send=self._send_signal, clock=self.clock, worker_id=settings.worker_id,
-            busy=self._calls_waiting,
+            busy=self._results_may_wait,
             apply=self._apply_results if settings.local_results else None)
         self.executor = Executor(
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
@@ -344,10 +344,11 @@ class Engine:
             self._owned_for = assignment
         return self._owned
 
-    def _calls_waiting(self) -> bool:
-        """Behind by the ticker's measure (attempts queued for a runner): results then wait
-        (streams/reports.py)."""
-        return self.executor.backlog > BEHIND_BACKLOG
+    def _results_may_wait(self) -> bool:
+        """Results that may wait (streams/reports.py) do, while attempts are queued for a
+        runner or the ticker is deciding due slots: applying them competes on this loop with
+        calls and decisions that are already late."""
+        return self.executor.backlog > BEHIND_BACKLOG or self.ticker.deciding()
 
     def owns(self, partition: int) -> bool:
         """May this process still act for the partition? Checked before every dispatch."""

@@ -5,9 +5,10 @@ executions a second the per-event cost (produce, fetch, decode, stream bookkeepi
 once per result. A result waits at most the window; a crash inside it loses results the
 owner then recovers by lease expiry, as with any crash before a report.
 
-While the executor has a backlog (a spike's calls still waiting for a runner), successful
-results of `allow` jobs wait longer: up to DEFER_S, and at most half the time left on the
-owner's lease less LEASE_MARGIN_S, so a lease with under ~2 s left sends at once. Applying
+While the executor has a backlog (a spike's calls still waiting for a runner) or the
+ticker is deciding due slots (the engine's `busy`), successful results of `allow` jobs wait
+longer: up to DEFER_S, and at most half the time left on the owner's lease less
+LEASE_MARGIN_S, so a lease with under ~2 s left sends at once. Applying
 results costs the worker as much as making the calls (decode the execution and the job,
 write both), and a call that is late matters more than a status that is. Failures, and jobs
 whose next decision looks at what is running (skip, queue, replace), never wait: their

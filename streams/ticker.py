@@ -113,6 +113,11 @@ class Ticker:
             self._early[partition] = self._first_undecided(partition)
         self._wake.set()
 
+    def deciding(self) -> bool:
+        """A tick is being applied or awaited, or a partition has more due than its last
+        tick fired: slots are due now and not yet decided."""
+        return bool(self._outstanding) or bool(self._more)
+
     def _first_undecided(self, partition: int) -> int | None:
         # From now at the earliest: a seek from the start would walk every tombstone that
         # the due scan's key floor skips.

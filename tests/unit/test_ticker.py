@@ -93,6 +93,7 @@ class AheadEngine:
         self.windows: list[int] = []
         self.budget: int | None = None  # timers one tick may fire (TICK_BUDGET)
         self.ticker: Ticker | None = None
+        self.deciding_seen: list[bool] = []
         self.lease = SimpleNamespace(watch=lambda coordinator: None, valid=lambda: True)
         self.signals = SimpleNamespace(send=self._send)
 
@@ -107,8 +108,9 @@ class AheadEngine:
                      if int.from_bytes(k[:8], "big") > after_ms), None)
 
     async def tick_here(self, record: dict[str, Any]) -> bool:
-        more = self._fire(record["now_ms"], record["fire_ahead_ms"])
         assert self.ticker is not None
+        self.deciding_seen.append(self.ticker.deciding())
+        more = self._fire(record["now_ms"], record["fire_ahead_ms"])
         self.ticker.ticked(record["partition"], more=more)
         return True
 
@@ -249,6 +251,9 @@ def test_a_tick_applied_here_that_leaves_more_due_is_followed_at_once(
             await asyncio.sleep(0.01)
         assert engine.keys == []
         assert engine.sent == [10_000] * 5  # 23 timers, 5 a tick
+        # Results that may wait do while the ticker is deciding (Engine._results_may_wait).
+        assert engine.deciding_seen == [True] * 5
+        assert not t.deciding()
         assert t._task is not None
         t._task.cancel()
 

@@ -31,6 +31,7 @@ from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore, 
 from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo
 from streams.executor import Executor
 from streams.lease import OwnershipLease
+from streams.rebalance import RebalanceGate
 from streams.reports import ResultBatcher, result_item
 from streams.tables import FencedTable
 from streams.targets import CommandRunner, HttpRunner, KafkaRunner
@@ -97,11 +98,13 @@ class Engine:
         self.lease = OwnershipLease(clock=self.clock, session_timeout_s=settings.session_timeout_s)
         self._owned: frozenset[int] = frozenset()
         self._owned_for: object = None
-        self._fetches_tuned = False
+        self._fetches_decided = False
         # Set as a graceful stop begins: from then on nothing is applied here (ticks and
         # results go through kron.signals), so no store is reopened while Faust closes them.
         self._stopping = False
         self.app = self._build_app()
+        self.gate = RebalanceGate()
+        self.gate.install(self.app)
         p = settings.partitions
 
         def topic(name: str, **kw: Any) -> Any:
@@ -301,10 +304,10 @@ class Engine:
         (the ticker then sends the tick as an event); a tick that fails here is sent too,
         and the agent dead-letters it if it fails again."""
         partition = record["partition"]
-        if not self._may_apply_here(partition):
+        if not self.settings.local_ticks or not self._may_apply_here(partition):
             return False
         try:
-            await self._tick(partition, record)
+            await self._tick(partition, record, here=True)
         except Exception as exc:
             if _environmental(exc):
                 self._stop_for_environment(exc, f"tick for partition {partition}")
@@ -315,8 +318,10 @@ class Engine:
 
     def _may_apply_here(self, partition: int) -> bool:
         """Events of our own making (ticks, results) may skip the topic only while we own
-        the partition, its tables are recovered (not rebalancing), and we are not stopping."""
-        return not self._stopping and not self.app.rebalancing and self.owns(partition)
+        the partition, its tables are recovered and no rebalance is under way (the gate:
+        Faust's own flag can read False mid-rebalance), and we are not stopping."""
+        return (not self._stopping and self.gate.open and not self.app.rebalancing
+                and self.owns(partition))
 
     async def _send_signal(self, partition: int, value: bytes) -> None:
         await self.signals.send(key=b"results", value=value, partition=partition)
@@ -372,12 +377,10 @@ class Engine:
             await asyncio.sleep(0.05)
         log.info("ownership lease renewed", extra={"worker": self.settings.worker_id})
 
-    def _stop_for_environment(self, exc: BaseException, what: Any) -> None:
+    def _stop_for_environment(self, exc: BaseException, what: str) -> None:
         """A full or unwritable state dir is not the record's fault: dead-lettering would
         drop a valid command. Stop without acknowledging it; after a restart (with space
         again) the record is read again and local state is restored from the changelogs."""
-        if not isinstance(what, str):  # a record: name where it is, to be read again
-            what = f"{what.topic}[{what.partition}]@{what.offset}"
         log.critical("local state unwritable (%s); stopping the worker so %s is not lost: "
                      "free space in KRON_DATA_DIR=%s and start it again", exc, what,
                      self.settings.data_dir,
@@ -406,19 +409,19 @@ class Engine:
         7.1% of a core at 500 executions/s (0.5% with 200 ms waits), contending for the
         GIL with the event loop."""
         if self.settings.local_ticks and self.settings.local_results:
-            self._fetches_tuned = True
+            self._fetches_decided = True
             return
         fetcher = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
         fetcher = getattr(fetcher, "_fetcher", None)
         if fetcher is not None:
             fetcher._fetch_min_bytes = FETCH_MIN_BYTES
             fetcher._fetch_max_wait_ms = FETCH_WAIT_MS
-            self._fetches_tuned = True
+            self._fetches_decided = True
 
     async def _agent(self, stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
-            if not self._fetches_tuned:
+            if not self._fetches_decided:
                 self._tune_fetches()
             await self._hold_lease()
             try:
@@ -432,7 +435,8 @@ class Engine:
                 continue
             except Exception as exc:  # a poison record must not stall the partition
                 if _environmental(exc):
-                    self._stop_for_environment(exc, msg)
+                    self._stop_for_environment(
+                        exc, f"{msg.topic}[{msg.partition}]@{msg.offset}")
                 log.exception("handler failed; dead-lettering the record")
                 await self._dead_letter(msg, exc)
                 continue
@@ -450,10 +454,15 @@ class Engine:
                       misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
         return PartitionCore(store, self.plans), ctx
 
-    async def _tick(self, partition: int, rec: dict[str, Any]) -> None:
+    async def _tick(self, partition: int, rec: dict[str, Any], *, here: bool = False) -> None:
         """Fire what is due, TICK_CHUNK timers at a time, dispatching each chunk before the
         next: the first slots of a top-of-the-second spike leave while the rest are still
-        being decided, instead of all waiting for the last."""
+        being decided, instead of all waiting for the last.
+
+        `here`: a tick applied in the process (tick_here) looks again before every chunk
+        whether it may: Faust waits for the agent's event before it hands partitions over,
+        not for this, so a chunk after the revoke's flush could reach Kafka after the next
+        owner restored the partition."""
         self.stats.ticks += 1
         if len(self.stats.tick_lag_ms) < 100_000:
             self.stats.tick_lag_ms.append(self.clock.now_ms() - rec["now_ms"])
@@ -467,6 +476,8 @@ class Engine:
             await self._apply(effects, partition)
             fired += TICK_CHUNK
             if not more or fired >= TICK_BUDGET or self._stopping:
+                break
+            if here and not self._may_apply_here(partition):
                 break
             await asyncio.sleep(0)  # the executor and the producer run between chunks
         try:

@@ -50,9 +50,6 @@ class Ticker:
     def __init__(self, *, engine: Engine) -> None:
         self._engine = engine
         self._ahead_ms = int(engine.settings.fire_ahead_s * 1000)
-        # Ticks for partitions this process owns are applied here (Engine.tick_here) rather
-        # than sent through kron.signals, unless the engine declines.
-        self._local = engine.settings.local_ticks
         self._next: dict[int, int | None] = {}
         # Fire-ahead, per partition: every eligible timer due by `_decided` was decided;
         # `_early` is the first timer due after that; `_window` the end of the window the
@@ -219,7 +216,9 @@ class Ticker:
             "now_ms": now_ms,
             "fire_ahead_ms": window,
         }
-        if self._local and await self._engine.tick_here(record):
+        # Applied in this process (Engine.tick_here) unless the engine declines: it is not
+        # the owner now, or KRON_LOCAL_TICKS is off.
+        if await self._engine.tick_here(record):
             return
         if window:
             value = codec.encode(names.TICK, record)

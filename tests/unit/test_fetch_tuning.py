@@ -28,9 +28,9 @@ def test_fetches_gather_records_only_while_own_events_travel_the_topic(
         _consumer=SimpleNamespace(_fetcher=fetcher)))
     engine = SimpleNamespace(
         settings=SimpleNamespace(local_ticks=local_ticks, local_results=local_results),
-        app=SimpleNamespace(consumer=consumer), _fetches_tuned=False)
+        app=SimpleNamespace(consumer=consumer), _fetches_decided=False)
     Engine._tune_fetches(engine)  # type: ignore[arg-type]
-    assert engine._fetches_tuned  # decided once, not again at every record
+    assert engine._fetches_decided  # decided once, not again at every record
     expected = ((app_mod.FETCH_MIN_BYTES, app_mod.FETCH_WAIT_MS) if gathered
                 else (FAUST_MIN_BYTES, FAUST_WAIT_MS))
     assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == expected

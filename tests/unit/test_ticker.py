@@ -21,7 +21,7 @@ class FlakyEngine:
 
     def __init__(self) -> None:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
-        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0, local_ticks=True)
+        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0)
         self.executor = SimpleNamespace(backlog=0)
         self.timers = object()
         self.failures = 2
@@ -84,8 +84,8 @@ class AheadEngine:
 
     def __init__(self, *, local: bool = False, fire_ahead_s: float = 3.0) -> None:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
-        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=fire_ahead_s,
-                                        local_ticks=local)
+        self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=fire_ahead_s)
+        self.local = local
         self.executor = SimpleNamespace(backlog=0)
         self.timers = object()
         self.keys: list[bytes] = []
@@ -108,6 +108,8 @@ class AheadEngine:
                      if int.from_bytes(k[:8], "big") > after_ms), None)
 
     async def tick_here(self, record: dict[str, Any]) -> bool:
+        if not self.local:  # as Engine.tick_here with KRON_LOCAL_TICKS off
+            return False
         assert self.ticker is not None
         self.deciding_seen.append(self.ticker.deciding())
         more = self._fire(record["now_ms"], record["fire_ahead_ms"])

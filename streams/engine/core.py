@@ -33,6 +33,8 @@ from streams.engine.store import TERMINAL, PartitionStore, Record
 MISFIRE_GRACE_MS = 5_000
 # A worker down for a day must not enumerate a per-second cron's 86,400 slots in one event.
 MAX_LATE_SLOTS = 10_000
+# Triggers that start a slot of the job's own schedule (not manual runs, not backfills).
+SLOT_TRIGGERS = frozenset({"schedule", "misfire"})
 # Paced re-fires (fire_all, backfill) go out at most this often per job.
 PACE_MS = 100
 MAX_RECENT_COMMANDS = 32
@@ -443,6 +445,8 @@ class PartitionCore:
                 self._fire_paced(job, slot, data["t"], ctx)
             elif data["v"] == job["version"] and job["next_run_at_ms"] == slot.scheduled_for_ms:
                 self._fire_scheduled(job, slot, ctx)
+            else:
+                self._mend_torn_fire(job, slot, data["v"], ctx)
             return
         ex = self.store.execution(tk.ref)
         if ex is None or ex["attempt"] != data["a"]:
@@ -450,10 +454,98 @@ class PartitionCore:
         if tk.kind == TimerKind.RETRY and ex["state"] == "retry_pending":
             self._next_attempt(job, ex, ctx)
 
+    def _mend_torn_fire(self, job: Record, slot: Slot, version: int, ctx: Context) -> None:
+        """A FIRE timer that does not name the job's next slot. One event writes the jobs,
+        executions and timers partitions without a transaction, so an owner that dies in
+        the middle leaves each with some prefix of the event's writes (the fault suite saw a
+        fire's timer writes land and its job write not: the job then waited for a slot whose
+        timer was gone, and never fired again). Every slot goes through the execution
+        check-and-set, so deciding one again starts nothing twice:
+
+        - ahead of next_run_at (the job write was lost): the slots from next_run_at are
+          decided again up to this one, then this one fires;
+        - behind it (the job write landed, the timer's delete did not): its slot is decided
+          again only if its execution is missing too, and the job's own timer is put again,
+          in case the event's timer put was lost with the delete;
+        - of another version (an update whose timer writes were lost): only that re-arm."""
+        if job["status"] == "deleted":
+            return
+        t, nxt = slot.scheduled_for_ms, job["next_run_at_ms"]
+        if version == job["version"]:
+            if nxt is not None and t > nxt:
+                self._catch_up(job, slot, ctx)
+                return
+            existing = self.store.execution(exec_id(job["job_id"], t))
+            if existing is None:
+                self._fire_scheduled(job, slot, ctx)
+                return
+            self._rearm(existing, ctx)
+        self._rearm_next(job)
+
+    def _mend_lost_start(self, job_id: str, scheduled_for_ms: int, ctx: Context, *,
+                         started: bool) -> None:
+        """The lease timer of a slot's first attempt, as a torn event may have left it: its
+        timer writes (this lease, then the fired timer's delete, in that order) landed and
+        its executions or jobs write did not. Nothing else would bring either back:
+
+        - no execution (`started` False): the slot is decided again now (late: the misfire
+          policy judges it);
+        - the job still waiting for this slot: deciding it again finds the execution (the
+          check-and-set starts nothing) and moves the job on, to its next slot or, for a
+          one-off, to completed."""
+        job = self.store.job(job_id)
+        if job is None or job["status"] == "deleted":
+            return
+        if started and job["next_run_at_ms"] != scheduled_for_ms:
+            return  # the usual case: the job write landed
+        plan = self._plan(job)
+        slot = bounded_next_slot(plan.schedule, after_ms=scheduled_for_ms - 1, dst=plan.dst,
+                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        if slot is None or slot.scheduled_for_ms != scheduled_for_ms:
+            return  # not a slot of the job's schedule any more (updated since)
+        if job["next_run_at_ms"] is not None and job["next_run_at_ms"] < scheduled_for_ms:
+            self._catch_up(job, slot, ctx)
+        else:
+            self._fire_scheduled(job, slot, ctx)
+
+    def _catch_up(self, job: Record, slot: Slot, ctx: Context) -> None:
+        """Decide the slots a lost job write left undecided, then `slot` (see _mend_torn_fire)."""
+        plan = self._plan(job)
+        for _ in range(MAX_LATE_SLOTS):
+            nxt = job["next_run_at_ms"]
+            if nxt is None or nxt >= slot.scheduled_for_ms:
+                break
+            owed = bounded_next_slot(plan.schedule, after_ms=nxt - 1, dst=plan.dst,
+                                     start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+            if owed is None or owed.scheduled_for_ms >= slot.scheduled_for_ms:
+                break
+            self.store.delete_timer(self._fire_key(job, owed.scheduled_for_ms, plan))
+            self._fire_scheduled(job, owed, ctx)
+        if job["next_run_at_ms"] == slot.scheduled_for_ms:
+            self._fire_scheduled(job, slot, ctx)
+        else:
+            self._rearm_next(job)
+
+    def _rearm_next(self, job: Record) -> None:
+        """Put the job's own FIRE timer again (the same key: a no-op if it is there)."""
+        nxt = job["next_run_at_ms"]
+        if nxt is None or job["status"] not in ("active", "paused"):
+            return
+        plan = self._plan(job)
+        owed = bounded_next_slot(plan.schedule, after_ms=nxt - 1, dst=plan.dst,
+                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        if owed is not None and owed.scheduled_for_ms == nxt:
+            self._arm(job, plan, owed)
+
     # --- leases ------------------------------------------------------------------------------
 
     def _lease(self, ex: Record, ctx: Context) -> None:
-        ctx.leases.setdefault(ex["lease_until_ms"], []).append([ex["exec_id"], ex["attempt"]])
+        entry: list[Any] = [ex["exec_id"], ex["attempt"]]
+        if ex["attempt"] == 1 and ex["trigger"] in SLOT_TRIGGERS:
+            # The slot too: if the execution's own write is lost and this timer survives, the
+            # timer is what is left to decide the slot again by (_mend_lost_start).
+            entry += [ex["job_id"], ex["scheduled_for_ms"]]
+        ctx.leases.setdefault(ex["lease_until_ms"], []).append(entry)
 
     def _flush_leases(self, ctx: Context) -> list[Effect]:
         """One timer for all the attempts an event leased until the same time, instead of a
@@ -478,10 +570,15 @@ class PartitionCore:
             self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
 
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
-        for ex_id, attempt in entries:
+        for entry in entries:
+            ex_id, attempt = entry[0], entry[1]
             if self.store.known_terminal(ex_id):
                 continue  # the common case: it finished long ago, nothing to watch
             ex = self.store.execution(ex_id)
+            if len(entry) == 4 and (ex is None or ex["attempt"] == attempt):
+                self._mend_lost_start(entry[2], entry[3], ctx, started=ex is not None)
+                if ex is None:
+                    continue
             if ex is None or ex["attempt"] != attempt:
                 continue  # retried since: a later timer watches the newer attempt
             if ex["state"] == "running" and ex["lease_until_ms"] <= ctx.now_ms:

@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, TopicPartition
 from kron.settings import Settings
 from replay.audit import AuditReport, audit
 from replay.reader import read_topic
+from streams.domain.fencing import EpochFence, epoch_of_headers
 from tests.support.receiver import Hit, Receiver
 from tests.support.stack import Commands, WorkerProcess, spec, wait_until
 
@@ -404,10 +405,15 @@ def audit_history(settings: Settings, *, at_ms: int | None = None,
 
 def settled(settings: Settings, load: Load) -> bool:
     """Every expected slot has an execution record in a terminal state."""
+    return not unsettled(settings, load)
+
+
+def unsettled(settings: Settings, load: Load) -> list[tuple[str, int]]:
+    """The expected slots without an execution record in a terminal state."""
     _, execs = history(settings)
     done = {(e["job_id"], e["scheduled_for_ms"]) for e in latest(execs).values()
             if e["state"] in TERMINAL and e["trigger"] in SLOT_TRIGGERS}
-    return all((j, s) in done for j, slots in load.expected.items() for s in slots)
+    return [(j, s) for j, slots in load.expected.items() for s in slots if (j, s) not in done]
 
 
 def wait_settled(settings: Settings, load: Load, timeout_s: float) -> bool:
@@ -696,3 +702,68 @@ class AnswerEatingProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def explain_slots(settings: Settings, slots: list[tuple[str, int]], limit: int = 3) -> str:
+    """What the state topics hold for a few (job, slot) pairs, raw and in log order, with
+    each write's epoch and whether a fresh fence admits it: the evidence a failed
+    duplicate, lost-slot or never-settled check needs. Matches keys or values that name the
+    job or the slot's exec_id (lease timers name only the exec_id)."""
+    from replay.reader import _consumer
+    from streams.domain.ids import exec_id
+
+    wanted = sorted({job for job, _ in slots[:limit]})
+    needles = [j.encode() for j in wanted] + [
+        exec_id(j, s).encode() for j, s in slots[:limit]]
+    lines: list[str] = [f"explaining {slots[:limit]}"]
+    for name in ("jobs", "executions", "timers"):
+        topic = settings.topic(name)
+        consumer = _consumer(settings.bootstrap_servers)
+        fence = EpochFence()
+        try:
+            parts = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+            ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+                    for p in parts}
+            ends = {p: e for p, e in ends.items() if e > 0}
+            consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+            while ends:
+                msg = consumer.poll(10)
+                if msg is None:
+                    break
+                if msg.error():
+                    continue
+                p, off = msg.partition(), msg.offset()
+                if off + 1 >= ends.get(p, 0):
+                    ends.pop(p, None)
+                epoch = epoch_of_headers(msg.headers())
+                admitted = fence.admit(p, epoch, msg.timestamp()[1])
+                key, value = msg.key() or b"", msg.value()
+                if not any(n in key or (value is not None and n in value) for n in needles):
+                    continue
+                lines.append(_explain_line(name, p, off, msg.timestamp()[1], epoch, admitted,
+                                           key, value))
+        finally:
+            consumer.close()
+    text = "\n".join(lines)
+    print(text)  # shown in full under "Captured stdout" when the test fails
+    return text
+
+
+def _explain_line(name: str, p: int, off: int, ts: int, epoch: int | None, admitted: bool,
+                  key: bytes, value: bytes | None) -> str:
+    from schemas import codec
+
+    head = f"{name}[{p}]@{off} t={ts} epoch={epoch}{'' if admitted else ' FENCED'}"
+    if value is None:
+        return f"{head} key={key!r} TOMBSTONE"
+    if name == "timers":
+        return f"{head} due={int.from_bytes(key[:8], 'big')} key={key[8:]!r} value={value!r}"
+    try:
+        rec = codec.decode(value).record
+    except Exception as exc:  # a diagnostic: show what is there
+        return f"{head} key={key!r} undecodable {exc!r}"
+    env = rec.get("envelope") or {}
+    return (f"{head} {env.get('event_type')} by={env.get('causation_id')} "
+            f"state={rec.get('state')} status={rec.get('status')} "
+            f"next={rec.get('next_run_at_ms')} slot={rec.get('scheduled_for_ms')} "
+            f"attempt={rec.get('attempt')} worker={rec.get('worker')}")

@@ -16,11 +16,13 @@ from tests.faults.support import (
     TERMINAL,
     Fleet,
     Tail,
+    explain_slots,
     history,
     judge,
     latest,
     now_ms,
     seeded_load,
+    unsettled,
     wait_for_group,
     wait_settled,
     wait_until,
@@ -64,6 +66,10 @@ def test_owner_kill_9_around_a_slots_due_time(kafka_cluster, tmp_path, fault_rec
             tail = Tail(settings, "executions")
             try:
                 rec = tail.wait(started, 45)
+                if rec is None:
+                    last = max((e["scheduled_for_ms"] for e in history(settings)[1]
+                                if e["job_id"] == job_id), default=start)
+                    explain_slots(settings, [(job_id, last)])
                 assert rec is not None, (
                     [(e["scheduled_for_ms"], e["state"], e["last_error"], e["worker"])
                      for e in history(settings)[1] if e["job_id"] == job_id][-5:],
@@ -87,12 +93,15 @@ def test_owner_kill_9_around_a_slots_due_time(kafka_cluster, tmp_path, fault_rec
                 return any(e["job_id"] == job_id and e["scheduled_for_ms"] == s
                            and e["state"] in TERMINAL for e in latest(execs).values())
 
-            assert wait_until(slot_done, 60, 0.5), f"{mode}: slot {slot} never ran\n" \
-                                                   f"{fleet.logs()}"
+            assert wait_until(slot_done, 60, 0.5), (
+                f"{mode}: slot {slot} never ran\n"
+                f"{explain_slots(settings, [(job_id, slot)])}\n{fleet.logs()}")
             fleet.start(owner)
             assert wait_for_group(settings, 2, 60), fleet.logs()
         settled = wait_settled(settings, load, 90)
         verdict = judge(settings, rcv, load)
+        explain = explain_slots(settings, verdict.duplicates + verdict.lost
+                                + unsettled(settings, load))
         logs = fleet.logs()
     commands.close()
     reliability.record(
@@ -103,7 +112,7 @@ def test_owner_kill_9_around_a_slots_due_time(kafka_cluster, tmp_path, fault_rec
         notes=f"{verdict.slots} slots, p99 lateness {verdict.p99_lateness_ms} ms, "
               f"{verdict.repeated_calls} same-key repeats")
     assert len(injected) >= 3, injected
-    assert settled, logs
+    assert settled, (explain, logs)
     assert not verdict.lost, verdict.summary()
-    assert not verdict.duplicates, verdict.summary()
+    assert not verdict.duplicates, (verdict.summary(), explain)
     assert verdict.attempts_ok and verdict.same_attempt_repeats == 0, verdict.summary()

@@ -635,8 +635,11 @@ class PartitionSim(RuleBasedStateMachine):
             tk = decode_timer_key(key)
             data = orjson.loads(value)
             if tk.kind == TimerKind.LEASE:
-                for ex_id, attempt in data["l"]:
+                for entry in data["l"]:
+                    ex_id, attempt = entry[0], entry[1]
                     assert ex_id in self.store.executions
+                    if len(entry) == 4:  # a slot's first attempt names its slot too
+                        assert attempt == 1 and exec_id(entry[2], entry[3]) == ex_id, entry
                     lease.setdefault(ex_id, []).append((tk.due_ms, attempt))
                 continue
             assert tk.job_id in self.store.jobs

@@ -1,0 +1,171 @@
+"""A worker that dies in the middle of an event leaves its writes torn.
+
+One event writes to three partitions (jobs, executions, timers) with no transaction: each
+partition keeps some prefix of what the event wrote to it, independently of the others
+(the fault suite saw a fire's timer writes reach Kafka and its job write not). For a fire
+of a cron job and of a one-off, every combination of surviving prefixes is tried; the next
+owner (a new core over what survived) must then keep every slot: each one ends with exactly
+one execution, started once, and the cron job keeps firing."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+
+from streams.domain.ids import exec_id
+from streams.domain.timer import TimerKind, decode_timer_key
+from streams.engine.core import Context, Dispatch, PartitionCore
+from streams.engine.store import MemoryStore, Record
+from tests.unit.test_core_scenarios import SEC, Partition, dispatches, utc
+
+T0 = utc(2026, 5, 4, 12, 0, 0)
+
+
+class Recording(MemoryStore):
+    """A MemoryStore that also lists each partition's writes in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, Any, Any]] = []
+
+    def put_job(self, job: Record) -> None:
+        self.writes.append(("jobs", job["job_id"], copy.deepcopy(job)))
+        super().put_job(job)
+
+    def put_execution(self, execution: Record) -> None:
+        self.writes.append(("executions", execution["exec_id"], copy.deepcopy(execution)))
+        super().put_execution(execution)
+
+    def put_timer(self, key: bytes, value: bytes) -> None:
+        self.writes.append(("timers", key, value))
+        super().put_timer(key, value)
+
+    def delete_timer(self, key: bytes, *, read: bool = False) -> None:
+        if key in self.timers:
+            self.writes.append(("timers", key, None))
+        super().delete_timer(key, read=read)
+
+
+def _survivor(before: MemoryStore, writes: list[tuple[str, Any, Any]],
+              keep: dict[str, int]) -> MemoryStore:
+    """`before` plus the first keep[partition] writes the event made to each partition."""
+    after = copy.deepcopy(before)
+    after.__class__ = MemoryStore
+    seen = dict.fromkeys(keep, 0)
+    for table, key, value in writes:
+        seen[table] += 1
+        if seen[table] > keep[table]:
+            continue
+        if table == "jobs":
+            after.put_job(value)
+        elif table == "executions":
+            after.put_execution(value)
+        elif value is None:
+            after.delete_timer(key)
+        else:
+            after.put_timer(key, value)
+    return after
+
+
+def _tears(writes: list[tuple[str, Any, Any]]) -> list[dict[str, int]]:
+    counts = {t: sum(1 for w in writes if w[0] == t) for t in ("jobs", "executions", "timers")}
+    ranges = [range(counts[t] + 1) for t in counts]
+    return [dict(zip(counts, combo, strict=True)) for combo in itertools.product(*ranges)]
+
+
+def _crash_at_fire(job_id: str, fire_at_ms: int, **spec_fields: Any) -> tuple[
+        MemoryStore, list[tuple[str, Any, Any]]]:
+    """Run a partition up to the tick that fires at `fire_at_ms`; return the state before
+    that tick and the writes the tick made."""
+    p = Partition(T0)
+    p.store = Recording()
+    p.core = PartitionCore(p.store)
+    p.create(job_id, **spec_fields)
+    while p.now + SEC < fire_at_ms:
+        for d in dispatches(p.tick(p.now + SEC)):
+            p.report(d, "success")
+    before = copy.deepcopy(p.store)
+    before.__class__ = MemoryStore
+    assert isinstance(p.store, Recording)
+    p.store.writes.clear()
+    fired = dispatches(p.tick(fire_at_ms))
+    assert fired, "the crash must come in the middle of a fire"
+    return before, list(p.store.writes)
+
+
+def _run_next_owner(store: MemoryStore, start_ms: int, until_ms: int) -> None:
+    """A new owner (epoch 2) ticks every second and reports every call it makes as done."""
+    core = PartitionCore(store)
+    now, n = start_ms, 0
+    while now <= until_ms:
+        n += 1
+        ctx = Context(now_ms=now, causation_id=f"after-{n}", worker="w2", epoch=2,
+                      misfire_grace_ms=GRACE_MS)
+        effects, more = core.on_tick(ctx)
+        assert not more
+        for d in (e for e in effects if isinstance(e, Dispatch)):
+            n += 1
+            core.on_report("kron.executions.ExecutionSucceeded", _success(d, now),
+                           Context(now_ms=now, causation_id=f"rep-{n}", worker="w2", epoch=2))
+        now += SEC
+
+
+def _success(d: Dispatch, now: int) -> Record:
+    return {
+        "envelope": {"event_id": f"rep-{d.exec_id}-{d.attempt}", "event_type": "execution.report",
+                     "schema_version": 1, "occurred_at_ms": now, "tenant": "acme",
+                     "causation_id": d.exec_id, "correlation_id": d.job_id,
+                     "producer": "executor"},
+        "exec_id": d.exec_id, "job_id": d.job_id, "scheduled_for_ms": d.scheduled_for_ms,
+        "owner_epoch": 0, "attempt": d.attempt, "fencing_token": d.fencing_token,
+        "started_at_ms": now, "finished_at_ms": now, "status_code": 200,
+        "response_excerpt": None,
+    }
+
+
+def _starts(store: MemoryStore, ex_id: str) -> int:
+    """How many times the surviving history started the execution's first attempt."""
+    return sum(1 for kind, rec in store.log if kind == "execution" and rec["exec_id"] == ex_id
+               and rec["attempt"] == 1 and rec["envelope"]["event_type"] == "execution.started")
+
+
+# The deployment default: a slot decided again at its lease's end is not yet a misfire.
+GRACE_MS = 60 * SEC
+LEASE_S = 10.0
+CRON_SLOTS = [T0 + k * 2 * SEC for k in range(1, 13)]  # */2 s from T0 + 2 s
+
+
+@pytest.mark.parametrize("crash_slot", [CRON_SLOTS[2]])
+def test_a_torn_cron_fire_loses_no_slot_and_starts_none_twice(crash_slot: int) -> None:
+    before, writes = _crash_at_fire("cron", crash_slot, cron="*/2 * * * * *",
+                                     lease_s=LEASE_S)
+    assert len(_tears(writes)) > 8  # the event wrote to all three partitions
+    for keep in _tears(writes):
+        store = _survivor(before, writes, keep)
+        _run_next_owner(store, crash_slot + 1, CRON_SLOTS[-1] + 500)
+        for slot in CRON_SLOTS:
+            ex = store.execution(exec_id("cron", slot))
+            assert ex is not None and ex["state"] == "succeeded", (keep, slot, ex)
+            assert _starts(store, exec_id("cron", slot)) == 1, (keep, slot)
+        job = store.job("cron")
+        assert job is not None and job["next_run_at_ms"] == CRON_SLOTS[-1] + 2 * SEC, keep
+        fire = [decode_timer_key(k) for k in store.timers
+                if decode_timer_key(k).kind == TimerKind.FIRE]
+        assert [t.due_ms for t in fire] == [CRON_SLOTS[-1] + 2 * SEC], (keep, fire)
+
+
+def test_a_torn_one_off_fire_runs_it_once() -> None:
+    run_at = T0 + 3 * SEC
+    before, writes = _crash_at_fire("once", run_at, run_at_ms=run_at, lease_s=LEASE_S)
+    for keep in _tears(writes):
+        store = _survivor(before, writes, keep)
+        _run_next_owner(store, run_at + 1, run_at + 2 * int(LEASE_S * SEC))
+        ex = store.execution(exec_id("once", run_at))
+        assert ex is not None and ex["state"] == "succeeded", (keep, ex)
+        assert _starts(store, exec_id("once", run_at)) == 1, keep
+        job = store.job("once")
+        assert job is not None and job["status"] == "completed", (keep, job)
+        assert not [k for k in store.timers if decode_timer_key(k).kind == TimerKind.FIRE], keep

@@ -464,23 +464,25 @@ class PartitionCore:
 
         - ahead of next_run_at (the job write was lost): the slots from next_run_at are
           decided again up to this one, then this one fires;
-        - behind it (the job write landed, the timer's delete did not): its slot is decided
-          again only if its execution is missing too, and the job's own timer is put again,
+        - behind it (the job write landed, the timer's delete did not): each slot from it up
+          to next_run_at whose execution is missing is decided again (the events that
+          decided them lost their executions writes), and the job's own timer is put again,
           in case the event's timer put was lost with the delete;
-        - of another version (an update whose timer writes were lost): only that re-arm."""
+        - of another version (an update whose timer writes were lost): only that re-arm.
+
+        Behind it or of another version, the executions the job lists as running get their
+        lease or retry timers again too: lost timer writes leave a started execution
+        unwatched."""
         if job["status"] == "deleted":
             return
         t, nxt = slot.scheduled_for_ms, job["next_run_at_ms"]
         if version == job["version"]:
             if nxt is not None and t > nxt:
                 self._catch_up(job, slot, ctx)
-                return
-            existing = self.store.execution(exec_id(job["job_id"], t))
-            if existing is None:
-                self._fire_scheduled(job, slot, ctx)
-                return
-            self._rearm(existing, ctx)
-        self._rearm_next(job)
+            else:
+                self._redecide_lost(job, slot, ctx)
+            return
+        self._rearm_job(job, ctx)
 
     def _mend_lost_start(self, job_id: str, scheduled_for_ms: int, ctx: Context, *,
                          started: bool) -> None:
@@ -496,17 +498,52 @@ class PartitionCore:
         job = self.store.job(job_id)
         if job is None or job["status"] == "deleted":
             return
-        if started and job["next_run_at_ms"] != scheduled_for_ms:
+        nxt = job["next_run_at_ms"]
+        if started and nxt != scheduled_for_ms:
             return  # the usual case: the job write landed
         plan = self._plan(job)
         slot = bounded_next_slot(plan.schedule, after_ms=scheduled_for_ms - 1, dst=plan.dst,
                                  start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
         if slot is None or slot.scheduled_for_ms != scheduled_for_ms:
             return  # not a slot of the job's schedule any more (updated since)
-        if job["next_run_at_ms"] is not None and job["next_run_at_ms"] < scheduled_for_ms:
+        if nxt == scheduled_for_ms:
+            self._fire_scheduled(job, slot, ctx)
+        elif nxt is not None and nxt < scheduled_for_ms:
             self._catch_up(job, slot, ctx)
         else:
-            self._fire_scheduled(job, slot, ctx)
+            self._redecide_lost(job, slot, ctx)
+
+    def _redecide_lost(self, job: Record, slot: Slot, ctx: Context) -> None:
+        """Slots from `slot` up to the job's next one that the job counts as decided but that
+        have no execution: decided again, without moving the job's next slot."""
+        plan = self._plan(job)
+        nxt = job["next_run_at_ms"]
+        limit = nxt if nxt is not None else max(job["cursor_ms"] or 0, slot.scheduled_for_ms) + 1
+        owed: Slot | None = slot
+        decided = False
+        for _ in range(MAX_LATE_SLOTS):
+            if owed is None or owed.scheduled_for_ms >= limit:
+                break
+            if self.store.execution(exec_id(job["job_id"], owed.scheduled_for_ms)) is None:
+                self._decide_again(job, plan, owed, ctx)
+                decided = True
+            owed = bounded_next_slot(plan.schedule, after_ms=owed.scheduled_for_ms, dst=plan.dst,
+                                     start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        self._rearm_job(job, ctx)
+        if decided:
+            self._save_job(ctx, job, "job.slot_fired")
+
+    def _decide_again(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context) -> None:
+        """A slot whose decision was lost, judged as _fire_scheduled judges one, except that
+        the job's next slot stays where it is."""
+        if job["status"] == "paused":
+            self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
+            return
+        due = apply_jitter(slot.scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
+        if ctx.now_ms - max(due, job["created_at_ms"]) > ctx.misfire_grace_ms:
+            self._misfire(job, plan, [slot], ctx)
+        else:
+            self._on_slot(job, plan, slot, ctx, trigger="schedule")
 
     def _catch_up(self, job: Record, slot: Slot, ctx: Context) -> None:
         """Decide the slots a lost job write left undecided, then `slot` (see _mend_torn_fire)."""
@@ -524,7 +561,19 @@ class PartitionCore:
         if job["next_run_at_ms"] == slot.scheduled_for_ms:
             self._fire_scheduled(job, slot, ctx)
         else:
-            self._rearm_next(job)
+            self._rearm_job(job, ctx)
+
+    def _rearm_job(self, job: Record, ctx: Context) -> None:
+        """The job write landed and the timer writes of one or more events did not: put its
+        own FIRE timer again, and the lease or retry timer of every execution it started
+        (a started execution without its lease timer would wait in `running` forever)."""
+        self._rearm_next(job)
+        for ex_id in job["running"]:
+            if self.store.known_terminal(ex_id):
+                continue
+            ex = self.store.execution(ex_id)
+            if ex is not None:
+                self._rearm(ex, ctx)
 
     def _rearm_next(self, job: Record) -> None:
         """Put the job's own FIRE timer again (the same key: a no-op if it is there)."""

@@ -96,6 +96,28 @@ def _crash_at_fire(job_id: str, fire_at_ms: int, **spec_fields: Any) -> tuple[
     return before, list(p.store.writes)
 
 
+def _crash_in_catch_up(job_id: str, down_until_ms: int, events: int, **spec_fields: Any
+                       ) -> tuple[MemoryStore, list[tuple[str, Any, Any]], int]:
+    """An owner back from downtime fires the overdue slots one event (tick) each, as the
+    ticker does (a slot armed by an event is due at once and waits for the next tick);
+    the crash tears the last `events` of those events together. Returns the state before
+    them, their writes, and the time of the crash."""
+    p = Partition(T0)
+    p.store = Recording()
+    p.core = PartitionCore(p.store)
+    p.create(job_id, **spec_fields)
+    for d in dispatches(p.tick(T0 + 2 * SEC)):
+        p.report(d, "success")
+    p.now = down_until_ms
+    before = copy.deepcopy(p.store)
+    before.__class__ = MemoryStore
+    assert isinstance(p.store, Recording)
+    p.store.writes.clear()
+    for _ in range(events):
+        assert dispatches(p.tick(down_until_ms)), "each event fires a slot"
+    return before, list(p.store.writes), down_until_ms
+
+
 def _run_next_owner(store: MemoryStore, start_ms: int, until_ms: int) -> None:
     """A new owner (epoch 2) ticks every second and reports every call it makes as done."""
     core = PartitionCore(store)
@@ -169,3 +191,26 @@ def test_a_torn_one_off_fire_runs_it_once() -> None:
         job = store.job("once")
         assert job is not None and job["status"] == "completed", (keep, job)
         assert not [k for k in store.timers if decode_timer_key(k).kind == TimerKind.FIRE], keep
+
+
+def test_catch_up_fires_torn_together_keep_every_slot() -> None:
+    """The fault suite's case: a new owner catching up fired three slots in three events
+    and died; their job and execution writes landed, their timer writes did not, and the
+    started executions had no lease timer left to recover them. Every tear of the three
+    events' writes together is tried."""
+    crash_at = T0 + 8 * SEC + 200
+    before, writes, _ = _crash_in_catch_up("cron", crash_at, 3, cron="*/2 * * * * *",
+                                           lease_s=LEASE_S)
+    slots = [T0 + k * 2 * SEC for k in range(1, 12)]
+    tears = _tears(writes)
+    assert len(tears) > 100
+    for keep in tears:
+        store = _survivor(before, writes, keep)
+        _run_next_owner(store, crash_at + 1, slots[-1] + 500)
+        for slot in slots:
+            ex = store.execution(exec_id("cron", slot))
+            assert ex is not None and ex["state"] == "succeeded", (keep, slot, ex)
+            assert _starts(store, exec_id("cron", slot)) == 1, (keep, slot)
+        fire = [decode_timer_key(k) for k in store.timers
+                if decode_timer_key(k).kind == TimerKind.FIRE]
+        assert [t.due_ms for t in fire] == [slots[-1] + 2 * SEC], (keep, fire)

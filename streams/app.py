@@ -33,6 +33,7 @@ from streams.executor import Executor
 from streams.lease import OwnershipLease
 from streams.rebalance import RebalanceGate
 from streams.reports import ResultBatcher, result_item
+from streams.restore import read_range
 from streams.tables import FencedTable
 from streams.targets import CommandRunner, HttpRunner, KafkaRunner
 from streams.ticker import BEHIND_BACKLOG, Ticker
@@ -119,11 +120,19 @@ class Engine:
             confluent_config(settings, {"client.id": f"kron-{settings.worker_id}-changelog"}),
             on_offsets=self._persist_offsets, on_fatal=self._restart)
 
+        gap_config = confluent_config(settings, {
+            "group.id": f"{settings.app_id}-gaps",
+            "client.id": f"kron-{settings.worker_id}-gaps"})
+
+        def read_gap(topic_name: str, partition: int, start: int, end: int) -> list[Any]:
+            return read_range(gap_config, topic_name, partition, start, end)
+
         def table(name: str) -> Any:
             return self.app.tables.add(FencedTable(
                 self.app, name=name, beacon=self.app.tables.beacon, key_type=bytes,
                 value_type=bytes, partitions=p, changelog_topic=topic(name, compacting=True),
-                options=opts, epoch=self.epoch, changelog=self.changelog))
+                options=opts, epoch=self.epoch, changelog=self.changelog,
+                gap_reader=read_gap))
 
         self._topics: dict[str, Any] = {"signals": self.signals,
                                          "dead-letters": self.dead_letters}

@@ -166,3 +166,49 @@ def _drain(spec: StoreSpec, consumer: Consumer, ends: dict[int, int], dbs: dict[
                      len(remaining))
     report.records += read
     return read
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRecord:
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Any  # as confluent-kafka gives them: (key, value) pairs or None
+    timestamp_ms: int
+
+
+def read_range(consumer_config: dict[str, Any], topic: str, partition: int, start: int,
+               end: int, *, timeout_s: float = 10.0) -> list[RangeRecord]:
+    """The records of one partition with start <= offset < end, in order: fewer than
+    end - start where compaction removed some. Raises TimeoutError if the range could not
+    be read within timeout_s (the caller must not count the range as read)."""
+    consumer = Consumer({**consumer_config, "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    out: list[RangeRecord] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return out
+                if err.fatal() or not err.retriable():
+                    raise KafkaException(err)
+                continue
+            offset = msg.offset()
+            if offset is None:
+                continue
+            if offset >= end:
+                return out
+            out.append(RangeRecord(offset=offset, key=msg.key(), value=msg.value(),
+                                   headers=msg.headers(),
+                                   timestamp_ms=msg.timestamp()[1]))
+            if offset + 1 >= end:
+                return out
+        raise TimeoutError(f"{topic}[{partition}] {start}..{end} not read in {timeout_s}s")
+    finally:
+        consumer.close()

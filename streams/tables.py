@@ -10,14 +10,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import faust
 import rocksdict
+from faust.types import TP
 
 from streams.changelog import ChangelogProducer
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
+
+# (topic, partition, first offset, end offset) -> the records in that range, in order.
+GapReader = Callable[[str, int, int, int], list[Any]]
 
 
 class KeyFloor:
@@ -91,9 +96,12 @@ class FencedTable(faust.Table[Any, Any]):
     """A table whose changelog is judged by owner epoch on every replay."""
 
     def __init__(self, *args: Any, epoch: Callable[[], int],
-                 changelog: ChangelogProducer | None = None, **kwargs: Any) -> None:
+                 changelog: ChangelogProducer | None = None,
+                 gap_reader: GapReader | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch = epoch
+        self._gap_reader = gap_reader
+        self.gaps_filled = 0
         # Set: writes go out through librdkafka (see streams.changelog); None: Faust's path.
         self._changelog = changelog
         self._changelog_name: str | None = None
@@ -171,8 +179,22 @@ class FencedTable(faust.Table[Any, Any]):
             db.put(key, value)
             self.floor.lower(partition, key)
 
+    def _with_gaps_filled(self, events: list[Any]) -> list[Any]:
+        """Faust's consumer drops the rest of a fetched batch when its flow stops or the
+        generation changes while it hands the batch out (Consumer.getmany); for a changelog
+        partition that is a hole: those records never reach the store, and the next ones
+        move its persisted offset past them. The owner-crash fault test caught a standby
+        that applied a partition's offsets 52-57 after 45; the worker took the partition
+        over and fired again the slots whose records were 46-51. So each partition's
+        records must follow its persisted offset without a gap; where they do not, the
+        missing range is read from Kafka and applied first, in order. (Compaction leaves
+        gaps too: the read then finds nothing there, at the cost of one fetch.)"""
+        if self._gap_reader is None or not events:
+            return events
+        return _fill_gaps(self, events)
+
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
-        events = list(batch)
+        events = self._with_gaps_filled(list(batch))
         admitted = [e for e in events if self.fence.admit(
             e.message.partition, epoch_of_headers(e.message.headers),
             int((e.message.timestamp or 0) * 1000))]
@@ -187,3 +209,55 @@ class FencedTable(faust.Table[Any, Any]):
                 last[e.message.tp] = max(e.message.offset, last.get(e.message.tp, -1))
             for tp, offset in last.items():
                 self.data.set_persisted_offset(tp, offset)
+
+
+@dataclass(frozen=True, slots=True)
+class _GapMessage:
+    """A changelog record read to fill a gap, shaped as the Faust message fields the
+    restore reads."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Any
+    timestamp: float  # seconds, as Faust's
+
+    @property
+    def tp(self) -> Any:
+        return TP(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class _GapEvent:
+    message: _GapMessage
+
+
+def _fill_gaps(table: FencedTable, events: list[Any]) -> list[Any]:
+    """See FencedTable._with_gaps_filled."""
+    reader = table._gap_reader
+    assert reader is not None
+    out: list[Any] = []
+    expected: dict[Any, int | None] = {}
+    for e in events:
+        msg = e.message
+        tp = msg.tp
+        if tp not in expected:
+            persisted = table.data.persisted_offset(tp)
+            expected[tp] = None if persisted is None else persisted + 1
+        want = expected[tp]
+        if want is not None and msg.offset > want:
+            records = reader(tp.topic, tp.partition, want, msg.offset)
+            table.gaps_filled += 1
+            log.warning("changelog gap filled: %s[%s] offsets %d..%d were not delivered; "
+                        "read %d records of them from Kafka", tp.topic, tp.partition, want,
+                        msg.offset - 1, len(records))
+            out.extend(_GapEvent(message=_GapMessage(
+                topic=tp.topic, partition=tp.partition, offset=r.offset, key=r.key,
+                value=r.value, headers=r.headers, timestamp=r.timestamp_ms / 1000))
+                for r in records)
+        if want is None or msg.offset >= want:
+            expected[tp] = msg.offset + 1
+        out.append(e)
+    return out

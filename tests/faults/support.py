@@ -489,6 +489,9 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
             v.over_policy.append(f"{job}@{slot}: attempt {h.headers.get('X-Kron-Attempt')}")
         if 200 <= h.status < 300:
             ok_at[(job, slot)] = min(ok_at.get((job, slot), h.received_ms), h.received_ms)
+    for (job, slot), ks in keys.items():
+        if len(ks) > 1:
+            print(f"{job}@{slot} called with keys {sorted(ks)}")  # shown when a test fails
     v.repeated_calls = sum(n - 1 for n in per_key.values())
     v.same_attempt_repeats = sum(n - 1 for n in per_key_attempt.values())
     lateness: list[int] = []
@@ -505,9 +508,14 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
                 v.lost.append((job, s))
             v.not_succeeded.extend((job, s, r["state"]) for r in recs
                                    if r["state"] != "succeeded")
+            if len(recs) > 1:
+                print(f"{job}@{s} has executions "
+                      f"{[(r['exec_id'], r['trigger'], r['state']) for r in recs]}")
             if len(recs) > 1 or len(keys.get((job, s), ())) > 1:
                 v.duplicates.append((job, s))
     mine = [x for x in v.audit.violations if x.job_id in load.expected]
+    for x in mine:
+        print(f"audit: {x.kind} {x.job_id}@{x.scheduled_for_ms} {x.exec_id}: {x.detail}")
     for x in mine:
         if x.kind == "lost_slot" and (x.job_id, x.scheduled_for_ms) not in v.lost:
             v.lost.append((x.job_id, x.scheduled_for_ms or 0))
@@ -763,7 +771,7 @@ def _explain_line(name: str, p: int, off: int, ts: int, epoch: int | None, admit
     except Exception as exc:  # a diagnostic: show what is there
         return f"{head} key={key!r} undecodable {exc!r}"
     env = rec.get("envelope") or {}
-    return (f"{head} {env.get('event_type')} by={env.get('causation_id')} "
+    return (f"{head} {rec.get('job_id')} {env.get('event_type')} by={env.get('causation_id')} "
             f"state={rec.get('state')} status={rec.get('status')} "
             f"next={rec.get('next_run_at_ms')} slot={rec.get('scheduled_for_ms')} "
             f"attempt={rec.get('attempt')} worker={rec.get('worker')}")

@@ -248,7 +248,12 @@ def _fill_gaps(table: FencedTable, events: list[Any]) -> list[Any]:
             expected[tp] = None if persisted is None else persisted + 1
         want = expected[tp]
         if want is not None and msg.offset > want:
-            records = reader(tp.topic, tp.partition, want, msg.offset)
+            try:
+                records = reader(tp.topic, tp.partition, want, msg.offset)
+            except Exception:  # Kafka unreachable: apply what came, as Faust would have
+                log.exception("changelog gap %s[%s] %d..%d could not be read", tp.topic,
+                              tp.partition, want, msg.offset - 1)
+                records = []
             table.gaps_filled += 1
             log.warning("changelog gap filled: %s[%s] offsets %d..%d were not delivered; "
                         "read %d records of them from Kafka", tp.topic, tp.partition, want,

@@ -77,3 +77,16 @@ def test_a_contiguous_batch_reads_nothing() -> None:
     batch = [_event(0, 3), _event(0, 4)]
     assert _fill_gaps(table, batch) == batch  # type: ignore[arg-type]
     assert table.reads == [] and table.gaps_filled == 0
+
+
+def test_a_range_that_cannot_be_read_leaves_the_batch_as_it_came() -> None:
+    """Kafka unreachable (a broker restart): logged, and the batch applied as Faust
+    delivered it rather than failing a revoke, which would crash the worker."""
+    table = Table({0: 2}, {})
+
+    def unreachable(topic: str, partition: int, start: int, end: int) -> list[Any]:
+        raise TimeoutError("no broker")
+
+    table._gap_reader = unreachable  # type: ignore[method-assign]
+    batch = [_event(0, 9)]
+    assert _fill_gaps(table, batch) == batch  # type: ignore[arg-type]

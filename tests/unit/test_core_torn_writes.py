@@ -157,6 +157,17 @@ def _starts(store: MemoryStore, ex_id: str) -> int:
 # The deployment default: a slot decided again at its lease's end is not yet a misfire.
 GRACE_MS = 60 * SEC
 LEASE_S = 10.0
+def _assert_cron_kept(store: MemoryStore, slots: list[int], keep: dict[str, int]) -> None:
+    """Every slot succeeded with one start, and only the slot after them is armed."""
+    for slot in slots:
+        ex = store.execution(exec_id("cron", slot))
+        assert ex is not None and ex["state"] == "succeeded", (keep, slot, ex)
+        assert _starts(store, exec_id("cron", slot)) == 1, (keep, slot)
+    fire = [decode_timer_key(k) for k in store.timers
+            if decode_timer_key(k).kind == TimerKind.FIRE]
+    assert [t.due_ms for t in fire] == [slots[-1] + 2 * SEC], (keep, fire)
+
+
 CRON_SLOTS = [T0 + k * 2 * SEC for k in range(1, 13)]  # */2 s from T0 + 2 s
 
 
@@ -168,15 +179,9 @@ def test_a_torn_cron_fire_loses_no_slot_and_starts_none_twice(crash_slot: int) -
     for keep in _tears(writes):
         store = _survivor(before, writes, keep)
         _run_next_owner(store, crash_slot + 1, CRON_SLOTS[-1] + 500)
-        for slot in CRON_SLOTS:
-            ex = store.execution(exec_id("cron", slot))
-            assert ex is not None and ex["state"] == "succeeded", (keep, slot, ex)
-            assert _starts(store, exec_id("cron", slot)) == 1, (keep, slot)
+        _assert_cron_kept(store, CRON_SLOTS, keep)
         job = store.job("cron")
         assert job is not None and job["next_run_at_ms"] == CRON_SLOTS[-1] + 2 * SEC, keep
-        fire = [decode_timer_key(k) for k in store.timers
-                if decode_timer_key(k).kind == TimerKind.FIRE]
-        assert [t.due_ms for t in fire] == [CRON_SLOTS[-1] + 2 * SEC], (keep, fire)
 
 
 def test_a_torn_one_off_fire_runs_it_once() -> None:
@@ -207,10 +212,4 @@ def test_catch_up_fires_torn_together_keep_every_slot() -> None:
     for keep in tears:
         store = _survivor(before, writes, keep)
         _run_next_owner(store, crash_at + 1, slots[-1] + 500)
-        for slot in slots:
-            ex = store.execution(exec_id("cron", slot))
-            assert ex is not None and ex["state"] == "succeeded", (keep, slot, ex)
-            assert _starts(store, exec_id("cron", slot)) == 1, (keep, slot)
-        fire = [decode_timer_key(k) for k in store.timers
-                if decode_timer_key(k).kind == TimerKind.FIRE]
-        assert [t.due_ms for t in fire] == [slots[-1] + 2 * SEC], (keep, fire)
+        _assert_cron_kept(store, slots, keep)

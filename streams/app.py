@@ -255,6 +255,8 @@ class Engine:
             "flushes": self.barrier.flushes, "result_batches": self.results.batches,
             "result_batches_applied_here": self.results.applied,
             "changelog_writes": self.changelog.writes, "fenced": self.executor.fenced,
+            "changelog_gaps_filled": sum(t.gaps_filled
+                                         for t in (self.jobs, self.executions, self.timers)),
             "skipped_records": self.commit_guard.holes, **st.lag_summary(),
             "record_cache_hits": self.job_cache.hits + self.execution_cache.hits,
             "record_cache_misses": self.job_cache.misses + self.execution_cache.misses,

@@ -34,7 +34,7 @@ MISFIRE_GRACE_MS = 5_000
 # A worker down for a day must not enumerate a per-second cron's 86,400 slots in one event.
 MAX_LATE_SLOTS = 10_000
 # Triggers that start a slot of the job's own schedule (not manual runs, not backfills).
-SLOT_TRIGGERS = frozenset({"schedule", "misfire"})
+SCHEDULE_TRIGGERS = frozenset({"schedule", "misfire"})
 # Paced re-fires (fire_all, backfill) go out at most this often per job.
 PACE_MS = 100
 MAX_RECENT_COMMANDS = 32
@@ -301,9 +301,7 @@ class PartitionCore:
         command would have: disarming must not make them vanish."""
         old = self._plan(job)
         while job["next_run_at_ms"] is not None:
-            slot = bounded_next_slot(old.schedule, after_ms=job["next_run_at_ms"] - 1,
-                                     dst=old.dst, start_at_ms=old.start_at_ms,
-                                     end_at_ms=old.end_at_ms)
+            slot = self._slot_from(old, job["next_run_at_ms"])
             if slot is None or apply_jitter(slot.scheduled_for_ms, jitter_s=old.jitter_s,
                                             job_id=job["job_id"]) > ctx.now_ms:
                 break
@@ -349,6 +347,12 @@ class PartitionCore:
     def _fire_key(self, job: Record, scheduled_for_ms: int, plan: JobPlan) -> bytes:
         due = apply_jitter(scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
         return timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"], ref="")
+
+    @staticmethod
+    def _slot_from(plan: JobPlan, at_ms: int) -> Slot | None:
+        """The plan's first slot at or after `at_ms`, within its start and end."""
+        return bounded_next_slot(plan.schedule, after_ms=at_ms - 1, dst=plan.dst,
+                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
 
     def _arm(self, job: Record, plan: JobPlan, slot: Slot | None) -> None:
         """Exactly one future occurrence per active job sits in the timer table."""
@@ -502,8 +506,7 @@ class PartitionCore:
         if started and nxt != scheduled_for_ms:
             return  # the usual case: the job write landed
         plan = self._plan(job)
-        slot = bounded_next_slot(plan.schedule, after_ms=scheduled_for_ms - 1, dst=plan.dst,
-                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        slot = self._slot_from(plan, scheduled_for_ms)
         if slot is None or slot.scheduled_for_ms != scheduled_for_ms:
             return  # not a slot of the job's schedule any more (updated since)
         if nxt == scheduled_for_ms:
@@ -527,8 +530,7 @@ class PartitionCore:
             if self.store.execution(exec_id(job["job_id"], owed.scheduled_for_ms)) is None:
                 self._decide_again(job, plan, owed, ctx)
                 decided = True
-            owed = bounded_next_slot(plan.schedule, after_ms=owed.scheduled_for_ms, dst=plan.dst,
-                                     start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+            owed = self._slot_from(plan, owed.scheduled_for_ms + 1)
         self._rearm_job(job, ctx)
         if decided:
             self._save_job(ctx, job, "job.slot_fired")
@@ -552,8 +554,7 @@ class PartitionCore:
             nxt = job["next_run_at_ms"]
             if nxt is None or nxt >= slot.scheduled_for_ms:
                 break
-            owed = bounded_next_slot(plan.schedule, after_ms=nxt - 1, dst=plan.dst,
-                                     start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+            owed = self._slot_from(plan, nxt)
             if owed is None or owed.scheduled_for_ms >= slot.scheduled_for_ms:
                 break
             self.store.delete_timer(self._fire_key(job, owed.scheduled_for_ms, plan))
@@ -581,8 +582,7 @@ class PartitionCore:
         if nxt is None or job["status"] not in ("active", "paused"):
             return
         plan = self._plan(job)
-        owed = bounded_next_slot(plan.schedule, after_ms=nxt - 1, dst=plan.dst,
-                                 start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+        owed = self._slot_from(plan, nxt)
         if owed is not None and owed.scheduled_for_ms == nxt:
             self._arm(job, plan, owed)
 
@@ -590,7 +590,7 @@ class PartitionCore:
 
     def _lease(self, ex: Record, ctx: Context) -> None:
         entry: list[Any] = [ex["exec_id"], ex["attempt"]]
-        if ex["attempt"] == 1 and ex["trigger"] in SLOT_TRIGGERS:
+        if ex["attempt"] == 1 and ex["trigger"] in SCHEDULE_TRIGGERS:
             # The slot too: if the execution's own write is lost and this timer survives, the
             # timer is what is left to decide the slot again by (_mend_lost_start).
             entry += [ex["job_id"], ex["scheduled_for_ms"]]
@@ -626,8 +626,6 @@ class PartitionCore:
             ex = self.store.execution(ex_id)
             if len(entry) == 4 and (ex is None or ex["attempt"] == attempt):
                 self._mend_lost_start(entry[2], entry[3], ctx, started=ex is not None)
-                if ex is None:
-                    continue
             if ex is None or ex["attempt"] != attempt:
                 continue  # retried since: a later timer watches the newer attempt
             if ex["state"] == "running" and ex["lease_until_ms"] <= ctx.now_ms:

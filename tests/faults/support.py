@@ -720,6 +720,8 @@ def explain_slots(settings: Settings, slots: list[tuple[str, int]], limit: int =
     from replay.reader import _consumer
     from streams.domain.ids import exec_id
 
+    if not slots:
+        return ""  # nothing to explain: no topic reads on a passing run
     wanted = sorted({job for job, _ in slots[:limit]})
     needles = [j.encode() for j in wanted] + [
         exec_id(j, s).encode() for j, s in slots[:limit]]

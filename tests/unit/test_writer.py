@@ -1,0 +1,170 @@
+"""Compiled Avro writers: fastavro's bytes or fastavro's error, never a third answer."""
+
+from __future__ import annotations
+
+import enum
+from io import BytesIO
+from typing import Any
+
+import pytest
+from fastavro import parse_schema, schemaless_writer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas import names
+from schemas.codec import Codec, trusted_codec
+from schemas.errors import EncodeError
+from schemas.registry import default_registry
+from schemas.writer import compile_writer
+from tests.golden.make_golden import SAMPLES
+from tests.unit.test_codec import EXECUTION_STATES, INTS, JOB_STATES, LONGS, TEXT
+
+REGISTRY = default_registry()
+
+
+def _fastavro(name: str, record: dict[str, Any]) -> bytes:
+    """What the trusted codec wrote before compiled writers: the reference."""
+    entry = REGISTRY.latest(name)
+    buf = BytesIO()
+    buf.write(entry.header)
+    schemaless_writer(buf, entry.schema, record, strict_allow_default=True)
+    return buf.getvalue()
+
+
+def _same_answer(name: str, record: dict[str, Any]) -> None:
+    try:
+        expected = _fastavro(name, record)
+    except Exception:
+        with pytest.raises(EncodeError):
+            trusted_codec().encode(name, record)
+        return
+    assert trusted_codec().encode(name, record) == expected
+
+
+def test_the_hot_records_compile_and_the_spec_does_not() -> None:
+    assert compile_writer(REGISTRY.latest(names.EXECUTION_STATE).schema) is not None
+    # The spec's target and schedule are unions of records (tagged tuples): fastavro's.
+    assert compile_writer(REGISTRY.latest(names.JOB_STATE).schema) is None
+
+
+def test_every_golden_sample_is_written_as_fastavro_writes_it() -> None:
+    checked = 0
+    for (name, version), records in SAMPLES.items():
+        if version != REGISTRY.latest(name).version:
+            continue
+        for record in records:
+            assert trusted_codec().encode(name, record) == _fastavro(name, record), name
+            checked += 1
+    assert checked > 20
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=300)
+@given(EXECUTION_STATES)
+def test_execution_states_are_written_as_fastavro_writes_them(record: dict[str, Any]) -> None:
+    writer = compile_writer(REGISTRY.latest(names.EXECUTION_STATE).schema,
+                            prefix=REGISTRY.latest(names.EXECUTION_STATE).header)
+    assert writer is not None
+    assert writer(record) == _fastavro(names.EXECUTION_STATE, record)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(JOB_STATES)
+def test_job_states_through_the_codec_are_fastavros(record: dict[str, Any]) -> None:
+    _same_answer(names.JOB_STATE, record)
+
+
+class Level(enum.IntEnum):
+    ONE = 1
+
+
+class State(enum.StrEnum):
+    RUNNING = "running"
+
+
+# Values a caller might pass that are not the canonical form: each must get fastavro's
+# answer (bytes or an error), whatever the compiled writer would have made of it.
+ODD_VALUES = st.one_of(
+    st.booleans(), st.floats(allow_nan=False), st.just(Level.ONE), st.just(State.RUNNING),
+    st.none(), st.binary(max_size=3), st.just(2**64), st.just(-(2**63) - 1), TEXT, LONGS,
+    st.lists(INTS, max_size=2), st.dictionaries(TEXT, INTS, max_size=2))
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=400)
+@given(EXECUTION_STATES, st.data())
+def test_a_field_of_any_value_gets_fastavros_answer(record: dict[str, Any],
+                                                     data: st.DataObject) -> None:
+    field = data.draw(st.sampled_from(sorted(record)))
+    odd = {**record, field: data.draw(ODD_VALUES)}
+    _same_answer(names.EXECUTION_STATE, odd)
+    nested = {**record, "envelope": {**record["envelope"],
+                                     "occurred_at_ms": data.draw(ODD_VALUES)}}
+    _same_answer(names.EXECUTION_STATE, nested)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(EXECUTION_STATES, st.data())
+def test_missing_and_unknown_keys_get_fastavros_answer(record: dict[str, Any],
+                                                       data: st.DataObject) -> None:
+    field = data.draw(st.sampled_from(sorted(record)))
+    _same_answer(names.EXECUTION_STATE, {k: v for k, v in record.items() if k != field})
+    _same_answer(names.EXECUTION_STATE, {**record, "typo": 1})
+    if record["attempts"]:
+        extra = [{**record["attempts"][0], "typo": 1}]
+        _same_answer(names.EXECUTION_STATE, {**record, "attempts": extra})
+
+
+def test_an_unknown_key_is_still_an_error() -> None:
+    record = SAMPLES[(names.EXECUTION_STATE, 1)][0]
+    with pytest.raises(EncodeError, match="typo"):
+        trusted_codec().encode(names.EXECUTION_STATE, {**record, "typo": 1})
+
+
+# Every type the compiler handles, in both union orders.
+KITCHEN = parse_schema({
+    "type": "record", "name": "t.Kitchen", "fields": [
+        {"name": "s", "type": "string"}, {"name": "b", "type": "bytes"},
+        {"name": "i", "type": "int"}, {"name": "l", "type": "long"},
+        {"name": "d", "type": "double"}, {"name": "f", "type": "float"},
+        {"name": "t", "type": "boolean"}, {"name": "n", "type": "null"},
+        {"name": "e", "type": {"type": "enum", "name": "t.E", "symbols": ["a", "b", "c"]}},
+        {"name": "e2", "type": "t.E"},
+        {"name": "m", "type": {"type": "map", "values": ["long", "null"]}},
+        {"name": "a", "type": {"type": "array", "items": {
+            "type": "record", "name": "t.Item", "fields": [{"name": "x", "type": "long"}]}}},
+        {"name": "o", "type": ["null", "t.Item"]},
+    ]})
+KITCHENS = st.fixed_dictionaries({
+    "s": TEXT, "b": st.binary(max_size=20), "i": INTS, "l": LONGS,
+    "d": st.floats(allow_nan=False), "f": st.floats(width=32, allow_nan=False),
+    "t": st.booleans(), "n": st.none(), "e": st.sampled_from("abc"),
+    "e2": st.sampled_from("abc"),
+    "m": st.dictionaries(TEXT, st.none() | LONGS, max_size=3),
+    "a": st.lists(st.fixed_dictionaries({"x": LONGS}), max_size=3),
+    "o": st.none() | st.fixed_dictionaries({"x": LONGS})})
+
+
+@given(KITCHENS)
+def test_every_compiled_type_is_written_as_fastavro_writes_it(record: dict[str, Any]) -> None:
+    writer = compile_writer(KITCHEN, prefix=b"P")
+    assert writer is not None
+    buf = BytesIO()
+    schemaless_writer(buf, KITCHEN, record)
+    assert writer(record) == b"P" + buf.getvalue()
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "record", "name": "t.U", "fields": [{"name": "u", "type": ["int", "string"]}]},
+    {"type": "record", "name": "t.L", "fields": [
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}}]},
+    {"type": "record", "name": "t.F", "fields": [
+        {"name": "f", "type": {"type": "fixed", "name": "t.Fx", "size": 2}}]},
+    {"type": "record", "name": "t.R", "fields": [{"name": "next", "type": ["null", "t.R"]}]},
+])
+def test_what_it_does_not_compile_is_left_to_fastavro(schema: dict[str, Any]) -> None:
+    assert compile_writer(parse_schema(schema)) is None
+
+
+def test_a_validating_codec_compiles_nothing() -> None:
+    codec = Codec(REGISTRY)
+    codec.encode(names.EXECUTION_STATE, SAMPLES[(names.EXECUTION_STATE, 1)][0])
+    assert not codec._writers

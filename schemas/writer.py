@@ -166,10 +166,8 @@ class _Compiler:
             self._named[schema["name"]] = schema
             keys = self.const("K", frozenset(f["name"] for f in schema["fields"]))
             rec = self.fresh("r")
-            if nesting == 0 and self.other_keys:
-                self.emit(depth, f"{rec} = {expr}")
-            else:
-                self.emit(depth, f"{rec} = {expr}")
+            self.emit(depth, f"{rec} = {expr}")
+            if nesting > 0 or not self.other_keys:
                 self.emit(depth, f"if type({rec}) is not dict or {rec}.keys() != {keys}:")
                 self.emit(depth + 1, "raise Unfit('not a dict of the schema keys')")
             for field in schema["fields"]:

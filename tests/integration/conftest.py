@@ -4,6 +4,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -98,7 +99,21 @@ def api_stack(kafka_cluster, tmp_path_factory) -> Iterator[ApiStack]:
         api = ApiProcess(settings, tmp, free_ports(1)[0])
         try:
             api.start()
-            yield ApiStack(settings=settings, receiver=receiver, worker=worker, api=api)
+            stack = ApiStack(settings=settings, receiver=receiver, worker=worker, api=api)
+            _warm_up(stack)
+            yield stack
         finally:
             api.stop()
             worker.stop()
+
+
+def _warm_up(stack: ApiStack) -> None:
+    """Wait until the worker fires, as the `stack` fixture does: the API is ready before the
+    worker owns its partitions, and a test's job due 1.5 s after its create once ran 4.3 s
+    late on a loaded CI machine while the worker was still joining its group."""
+    with stack.client() as c:
+        r = c.post("/v1/jobs", json={
+            "name": f"warm-{uuid.uuid4().hex[:8]}", "run_at": datetime.now(UTC).isoformat(),
+            "target": {"type": "http", "url": f"{stack.receiver.url}/ok", "method": "POST"}})
+    assert r.status_code == 201, r.text
+    assert stack.receiver.wait_for(r.json()["job_id"], 1, 90), stack.worker.log()[-3000:]

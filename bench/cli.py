@@ -53,6 +53,11 @@ LabelOpt = Annotated[str | None, typer.Option(
     "--label", help="Names the saved result and the plots: SCENARIO-LABEL.")]
 ResultsDirOpt = Annotated[Path | None, typer.Option(
     "--results-dir", help="Where --save writes (default bench/results).")]
+RepeatOpt = Annotated[int, typer.Option(
+    "--repeat", min=1, max=9,
+    help="Run the scenario N times, each on a fresh stack, and report the median run (by "
+         "the figure its floor is judged on); lost and duplicates are summed over all runs, "
+         "and every run's figures are under `repeats`.")]
 
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -68,6 +73,7 @@ class Common:
     label: str | None = None
     results_dir: Path | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
+    repeat: int = 1
 
 
 def worker_env(pairs: list[str] | None, *, no_barrier: bool) -> dict[str, str]:
@@ -85,11 +91,13 @@ def worker_env(pairs: list[str] | None, *, no_barrier: bool) -> dict[str, str]:
 
 def common(*, as_json: bool, plot_dir: Path | None, progress: bool, save: bool,
            label: str | None, results_dir: Path | None, env: list[str] | None,
-           no_barrier: bool) -> Common:
+           no_barrier: bool, repeat: int = 1) -> Common:
     from bench.results import LABEL
 
     if label is not None and not LABEL.match(label):
         raise typer.BadParameter("letters, digits, '.', '_' and '-' only", param_hint="--label")
+    if plot_dir is not None and repeat > 1:
+        raise typer.BadParameter("plots draw one run: not with --repeat", param_hint="--plot")
     if plot_dir is not None:
         try:  # fail now, not after a run of many minutes
             import matplotlib  # noqa: F401
@@ -98,7 +106,7 @@ def common(*, as_json: bool, plot_dir: Path | None, progress: bool, save: bool,
                                      param_hint="--plot") from None
     return Common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir,
-                  worker_env=worker_env(env, no_barrier=no_barrier))
+                  worker_env=worker_env(env, no_barrier=no_barrier), repeat=repeat)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -108,14 +116,20 @@ def _interrupt(signum: int, frame: object) -> None:
 def run(fn: Callable[..., dict[str, Any]], opts: Common, **kwargs: Any) -> None:
     """Runs a scenario; SIGTERM unwinds like Ctrl-C so the stack's tear-down always runs."""
     from bench import progress, results
+    from bench.repeat import combine
     from bench.report import emit, log, missing_keys
     from kron.errors import SetupError
 
     progress.force(opts.progress)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        result = fn(plot_dir=opts.plot_dir, label=opts.label, worker_env=opts.worker_env,
-                    **kwargs)
+        runs = []
+        for i in range(opts.repeat):
+            if opts.repeat > 1:
+                log(f"run {i + 1} of {opts.repeat}")
+            runs.append(fn(plot_dir=opts.plot_dir, label=opts.label,
+                           worker_env=opts.worker_env, **kwargs))
+        result = runs[0] if opts.repeat == 1 else combine(runs)
     except KeyboardInterrupt:
         log("interrupted; everything the bench started is stopped")
         raise typer.Exit(130) from None
@@ -161,12 +175,14 @@ def steady(
     save: SaveOpt = False,
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
+    repeat: RepeatOpt = 1,
 ) -> None:
     """RATE per-second cron jobs fire for DURATION seconds; achieved rate and lateness."""
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
-                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
+                  repeat=repeat)
     if workers < 1:
         raise typer.BadParameter("steady needs at least one worker", param_hint="--workers")
     if find_max:
@@ -191,12 +207,14 @@ def burst(
     save: SaveOpt = False,
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
+    repeat: RepeatOpt = 1,
 ) -> None:
     """JOBS one-off jobs all due in the same second: time until the last one ran."""
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
-                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
+                  repeat=repeat)
     if workers < 1:
         raise typer.BadParameter("burst needs at least one worker", param_hint="--workers")
     run(scenarios.burst, opts, jobs=jobs, workers=workers, partitions=partitions)
@@ -217,6 +235,7 @@ def timers(
     save: SaveOpt = False,
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
+    repeat: RepeatOpt = 1,
 ) -> None:
     """JOBS pending timers: create rate, worker RSS and disk, restart and cold-rebuild times.
 
@@ -226,7 +245,8 @@ def timers(
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
-                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
+                  repeat=repeat)
     run(scenarios.timers, opts, jobs=jobs, partitions=partitions, due_in_s=due_in)
 
 
@@ -245,6 +265,7 @@ def api(
     save: SaveOpt = False,
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
+    repeat: RepeatOpt = 1,
 ) -> None:
     """Concurrent POST /v1/jobs against `kron api`: requests/s and latency percentiles.
 
@@ -253,7 +274,8 @@ def api(
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
-                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
+                  repeat=repeat)
     run(scenarios.api, opts, duration_s=duration, concurrency=concurrency, workers=workers,
         partitions=partitions)
 
@@ -276,12 +298,14 @@ def failover(
     save: SaveOpt = False,
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
+    repeat: RepeatOpt = 1,
 ) -> None:
     """Two workers at RATE; one is killed with SIGKILL mid-run. Takeover, lateness, loss."""
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
-                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier)
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
+                  repeat=repeat)
     kill = duration / 3 if kill_after is None else kill_after
     if not 0 < kill < duration:
         raise typer.BadParameter("must be inside the window", param_hint="--kill-after")

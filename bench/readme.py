@@ -186,13 +186,25 @@ def key_figures(r: Result) -> str:
     return ""
 
 
+def repeats(r: Result) -> str:
+    """For a --repeat result: which run is shown, and every run's judged figure."""
+    rep = r.get("repeats")
+    if not rep:
+        return ""
+    by = str(rep.get("by", ""))
+    key = by if by in ("max_sustainable_rate", "time_to_last_ms", "create_applied_per_s",
+                       "requests_per_s", "orphan_lateness_ms.max") else "lateness_p99_ms"
+    values = ", ".join(num(run.get(key)) for run in rep.get("runs", []))
+    return f" (median of {rep.get('n')} runs by {by}: {values})"
+
+
 def row(name: str, r: Result) -> list[str]:
     floor = floor_of(r)
     rss, cpu = (r.get("rss_mb") or {}).values(), (r.get("cpu_s") or {}).values()
     return [name, options(r), num(r.get("executions_per_s")),
             *(num(_lat(r, q)) for q in ("p50", "p95", "p99", "max")),
             num(r.get("lost")), num(r.get("duplicates")), num(max(rss, default=None)),
-            num(round(sum(cpu), 1) if cpu else None), key_figures(r),
+            num(round(sum(cpu), 1) if cpu else None), key_figures(r) + repeats(r),
             floor.text if floor else "-", verdict(floor, r) if floor else "-"]
 
 

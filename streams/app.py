@@ -28,7 +28,7 @@ from streams.changelog import ChangelogProducer
 from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore, PlanCache
-from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo
+from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo, job_encoder
 from streams.executor import Executor
 from streams.lease import OwnershipLease
 from streams.rebalance import RebalanceGate
@@ -503,6 +503,9 @@ class Engine:
         core, ctx = self._core(msg.partition, rec)
         if name.startswith("kron.commands."):
             self.stats.commands += 1
+            if name == names.CREATE_JOB:
+                # The new job is written with the spec's bytes as they came, not re-encoded.
+                job_encoder().adopt(msg.value, decoded)
             return core.on_command(name, rec, ctx)
         if name in IGNORED:
             return []

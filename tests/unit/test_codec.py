@@ -10,6 +10,7 @@ import sys
 from io import BytesIO
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 # The project is not installed in the venv and pytest sets no `pythonpath`; the repository root is
 # importable only as a side effect of tests/conftest.py. Make it explicit (ruff's E402 allows
@@ -401,6 +402,44 @@ def test_spliced_encoding_of_other_keys_goes_through_the_strict_encoder() -> Non
         splice.encode({**record, "typo": 1})
     partial = {k: v for k, v in record.items() if k != "queued_slot_ms"}
     assert splice.encode(partial) == encode(names.JOB_STATE, {**partial, "queued_slot_ms": None})
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(CREATE_JOBS, JOB_STATES)
+def test_a_job_written_with_the_create_commands_spec_bytes_is_the_full_encoding(
+        command: dict[str, Any], state: dict[str, Any]) -> None:
+    """adopt() takes a CreateJob's spec bytes for the new job: the job's bytes must be what
+    encoding the whole job gives, for any command and any job around the spec."""
+    data = encode(names.CREATE_JOB, command)
+    decoded = decode(data)
+    splice = SplicedEncoder(names.JOB_STATE, "spec")
+    assert splice.adopt(data, decoded)
+    job = {**state, "spec": decoded.record["spec"]}
+    with mock.patch("schemas.codec.schemaless_writer", side_effect=AssertionError("encoded")):
+        spliced = splice.encode(job)  # the spec is not encoded again
+    assert spliced == encode(names.JOB_STATE, job)
+
+
+def test_adopt_takes_nothing_it_cannot_prove_is_the_fields_bytes() -> None:
+    splice = SplicedEncoder(names.JOB_STATE, "spec")
+    create = _sample(names.CREATE_JOB)
+    data = encode(names.CREATE_JOB, create)
+    # The spec is not the update's last field (expected_version follows it).
+    update = encode(names.UPDATE_JOB, _sample(names.UPDATE_JOB))
+    assert not splice.adopt(update, decode(update))
+    # Read from another version than it was written with: the bytes are not the reader's.
+    resolved = Decoded(name=names.CREATE_JOB, version=1, reader_version=2,
+                       record=decode(data).record)
+    assert not splice.adopt(data, resolved)
+    # The bytes before the spec are not the canonical encoding of what was decoded (here a
+    # record that does not match them at all): nothing taken.
+    other = decode(encode(names.CREATE_JOB, {**create, "command_id": "another"}))
+    assert not splice.adopt(data, other)
+    # A record the compiled writer cannot take (a bool for a string): nothing taken.
+    odd = Decoded(name=names.CREATE_JOB, version=1, reader_version=1,
+                  record={**decode(data).record, "job_id": True})
+    assert not splice.adopt(data, odd)
+    assert splice.adopt(data, decode(data))
 
 
 # --- decode errors ------------------------------------------------------------------------------

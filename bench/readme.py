@@ -194,7 +194,13 @@ def repeats(r: Result) -> str:
     by = str(rep.get("by", ""))
     key = by if by in ("max_sustainable_rate", "time_to_last_ms", "create_applied_per_s",
                        "requests_per_s", "orphan_lateness_ms.max") else "lateness_p99_ms"
-    values = ", ".join(num(run.get(key)) for run in rep.get("runs", []))
+    runs = rep.get("runs", [])
+    values = ", ".join(num(run.get(key)) for run in runs)
+    if key != "lateness_p99_ms" and any(run.get("lateness_p99_ms") is not None for run in runs):
+        values += "; their p99 " + ", ".join(num(run.get("lateness_p99_ms")) for run in runs)
+    if any(run.get("latency_p99_ms") is not None for run in runs):
+        values += "; their latency p99 " + ", ".join(num(run.get("latency_p99_ms"))
+                                                     for run in runs)
     return f" (median of {rep.get('n')} runs by {by}: {values})"
 
 

@@ -47,6 +47,9 @@ def test_for_throughput_scenarios_the_median_is_by_rate_higher_is_better() -> No
     assert out["repeats"]["by"] == "requests_per_s"
     assert [r["requests_per_s"] for r in out["repeats"]["runs"]] == [1200, 950, 1400, 1000]
     assert out["repeats"]["runs"][1]["latency_p99_ms"] == 100.0
+    # The table shows every run's latency too, not only the figure the median is chosen by.
+    assert readme.repeats(out) == (" (median of 4 runs by requests_per_s: 1,200, 950, 1,400, "
+                                   "1,000; their latency p99 100, 100, 100, 100)")
 
 
 @pytest.mark.parametrize(("result", "name", "value"), [
@@ -71,6 +74,14 @@ def test_a_run_that_measured_nothing_is_never_the_median_of_three() -> None:
 def test_no_runs_is_an_error() -> None:
     with pytest.raises(ValueError, match="no runs"):
         combine([])
+
+
+def test_a_burst_row_shows_every_runs_time_to_last_call_and_p99() -> None:
+    runs = [{"scenario": "burst", "time_to_last_ms": t, "lateness_ms": {"p99": t - 100},
+             "lost": 0, "duplicates": 0} for t in (4400, 2800, 3100)]
+    assert readme.repeats(combine(runs)) == (
+        " (median of 3 runs by time_to_last_ms: 4,400, 2,800, 3,100; their p99 4,300, "
+        "2,700, 3,000)")
 
 
 def test_the_readme_row_names_the_median_and_every_run() -> None:

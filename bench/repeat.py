@@ -54,9 +54,8 @@ def run_summary(r: Result) -> Result:
         "cpu_s": round(sum(cpu.values()), 2) if cpu else None,
     }
     name, _ = headline(r)
-    if not name.startswith("lateness_ms"):
-        first, _, rest = name.partition(".")
-        out[name] = _get(r, first, rest) if rest else r.get(first)
+    if name != "lateness_ms.p99":
+        out[name] = _get(r, *name.split("."))
     if r.get("scenario") == "api":
         out["latency_p99_ms"] = _get(r, "latency_ms", "p99")
     return out

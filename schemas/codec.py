@@ -54,7 +54,6 @@ from schemas.registry import (
 from schemas.writer import Writer, compile_writer
 
 _MARKER_LEN: Final = len(MARKER)
-_NO_HEAD: Final[Any] = object()
 # fastavro's strict-writer messages, which name the offending field.
 _WRITER_FIELD: Final = re.compile(
     r"^Field (\S+) is specified in the schema but missing"
@@ -283,9 +282,9 @@ class SplicedEncoder:
         """
         if decoded.version != decoded.reader_version or self._field not in decoded.record:
             return False
-        head = self._heads.get(decoded.name, _NO_HEAD)
-        if head is _NO_HEAD:
-            head = self._heads[decoded.name] = self._head_of(decoded)
+        if decoded.name not in self._heads:
+            self._heads[decoded.name] = self._head_of(decoded)
+        head = self._heads[decoded.name]
         if head is None:
             return False
         try:

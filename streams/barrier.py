@@ -21,6 +21,7 @@ class DurabilityBarrier:
         self._waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._flushing = False
         self.flushes = 0
 
     def start(self) -> None:
@@ -31,6 +32,11 @@ class DurabilityBarrier:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    @property
+    def pending(self) -> bool:
+        """Is a dispatch waiting for its writes to be acknowledged?"""
+        return bool(self._waiters) or self._flushing
 
     async def wait(self) -> None:
         """Returns once everything produced before this call is acknowledged."""
@@ -45,6 +51,7 @@ class DurabilityBarrier:
             self._wake.clear()
             # Waiters registered from here on need the next flush, not this one.
             waiters, self._waiters = self._waiters, []
+            self._flushing = True
             try:
                 await self._flush()
             except Exception as exc:  # the broker is away: those attempts must not go out
@@ -52,6 +59,8 @@ class DurabilityBarrier:
                     if not w.done():
                         w.set_exception(exc)
                 continue
+            finally:
+                self._flushing = False
             self.flushes += 1
             for w in waiters:
                 if not w.done():

@@ -71,6 +71,8 @@ class ChangelogProducer:
             "message.timeout.ms": 60_000,
             "partitioner": "murmur2_random",
             "log_level": 3,
+            # Every write's report goes here; a publish passes its own callback.
+            "on_delivery": self._delivered,
         }
         self._on_offsets = on_offsets
         self._on_fatal = on_fatal
@@ -84,6 +86,8 @@ class ChangelogProducer:
         self._in_flight = 0  # writes and publishes without a delivery report yet
         self._pumping: asyncio.Task[None] | None = None
         self._busy = asyncio.Event()  # set by the first write after an idle spell
+        # Immutable, so one per partition serves every write's return value.
+        self._sent: dict[int, Sent] = {}
         self.writes = 0
 
     def _start(self) -> Producer:
@@ -118,7 +122,7 @@ class ChangelogProducer:
         while True:
             try:
                 producer.produce(topic, value=value, key=key, partition=partition,
-                                 headers=cast(_Headers, headers), on_delivery=self._delivered)
+                                 headers=cast(_Headers, headers))
                 break
             except BufferError:  # a million writes unsent: the broker is away or slow
                 if producer.poll(0.05):
@@ -127,7 +131,10 @@ class ChangelogProducer:
         tp = (topic, partition)
         self._produced[tp] = self._produced.get(tp, 0) + 1
         self.writes += 1
-        return Sent(message=_Message(partition=partition))
+        sent = self._sent.get(partition)
+        if sent is None:
+            sent = self._sent[partition] = Sent(message=_Message(partition=partition))
+        return sent
 
     def publish(self, topic: str, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]]) -> asyncio.Future[None]:

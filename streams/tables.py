@@ -105,6 +105,8 @@ class FencedTable(faust.Table[Any, Any]):
         # Set: writes go out through librdkafka (see streams.changelog); None: Faust's path.
         self._changelog = changelog
         self._changelog_name: str | None = None
+        self._headers: list[tuple[str, bytes]] | None = None
+        self._headers_for = 0
         self.fence = EpochFence()
         self.floor = KeyFloor()
 
@@ -147,7 +149,7 @@ class FencedTable(faust.Table[Any, Any]):
             # Our own writes raise the mark too: a replaced owner's late write after them
             # must lose to them when this process later replays the partition.
             self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
-        headers = [(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None
+        headers = self._epoch_headers(epoch)
         if self._changelog is not None and partition is not None:
             # Keys and values are raw bytes (a delete is a None value): nothing to serialise.
             if self._changelog_name is None:
@@ -160,6 +162,15 @@ class FencedTable(faust.Table[Any, Any]):
             value_serializer=value_serializer or self.value_serializer,
             callback=self._on_changelog_sent, eager_partitioning=True)
 
+    def _epoch_headers(self, epoch: int) -> list[tuple[str, bytes]] | None:
+        """One header list per epoch, not one per write (the producer copies it)."""
+        if epoch <= 0:
+            return None
+        if self._headers_for != epoch:
+            self._headers = [(EPOCH_HEADER, str(epoch).encode())]
+            self._headers_for = epoch
+        return self._headers
+
     def write(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> None:
         """A state write without Faust's per-record table machinery: the changelog record
         (through librdkafka), then the partition's RocksDB. Reads of the same partition
@@ -170,7 +181,7 @@ class FencedTable(faust.Table[Any, Any]):
         if self._changelog_name is None:
             self._changelog_name = self.changelog_topic.get_topic_name()
         self._changelog.produce(self._changelog_name, partition, key, value,
-                                [(EPOCH_HEADER, str(epoch).encode())] if epoch > 0 else None)
+                                self._epoch_headers(epoch))
         store: Any = self.data  # the RocksDB store: one rocksdict per partition
         db = store._db_for_partition(partition)
         if value is None:

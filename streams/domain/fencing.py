@@ -41,7 +41,10 @@ class EpochFence:
         if epoch is None or epoch <= 0:
             return True  # unknown writer (old records, tools): nothing to judge by
         mark = self._marks.get(partition)
-        if mark is None or epoch >= mark.epoch or timestamp_ms - mark.last_ms > self.gap_ms:
+        if mark is not None and epoch == mark.epoch:
+            mark.last_ms = timestamp_ms  # the common case: the same owner writing on
+            return True
+        if mark is None or epoch > mark.epoch or timestamp_ms - mark.last_ms > self.gap_ms:
             self._marks[partition] = _Mark(epoch=epoch, last_ms=timestamp_ms)
             return True
         self.rejected += 1

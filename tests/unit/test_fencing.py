@@ -53,6 +53,23 @@ def test_admitted_epochs_never_go_down_within_the_gap(writes: list[tuple[int, in
             assert epoch < highest[partition]
 
 
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 6), st.integers(0, 400)),
+                max_size=80))
+def test_admit_decides_as_the_rule_states(writes: list[tuple[int, int, int]]) -> None:
+    """Against the rule written out plainly: a write counts if its epoch is unknown, at
+    least the partition's mark, or the mark's last write is over the gap ago; a counted
+    write becomes the mark. Timestamps may go backwards (clocks of different owners)."""
+    fence = EpochFence(gap_ms=100)
+    marks: dict[int, tuple[int, int]] = {}
+    for partition, epoch, ts in writes:
+        mark = marks.get(partition)
+        expected = (epoch <= 0 or mark is None or epoch >= mark[0]
+                    or ts - mark[1] > 100)
+        if expected and epoch > 0:
+            marks[partition] = (epoch, ts)
+        assert fence.admit(partition, epoch, ts) == expected
+
+
 def test_headers_in_either_shape() -> None:
     assert epoch_of_headers([("kron-epoch", b"7")]) == 7
     assert epoch_of_headers({"kron-epoch": b"8"}) == 8

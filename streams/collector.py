@@ -12,7 +12,9 @@ Here automatic collection is off and a task collects instead:
 - under load that never pauses, once FORCE_YOUNG wait, idle or not: CPython's threshold
   as the worker set it before, so a busy worker collects no later than it did.
 Older generations follow CPython's rule: a generation is collected with the younger ones
-once the one below it has been collected more often than its threshold.
+once the one below it has been collected more often than its threshold. A full pass walks
+every cached record and plan (56-155 ms measured in a burst, before gc.freeze), so while
+the worker is busy it waits for an idle moment, up to FULL_PATIENCE times its threshold.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ IDLE_YOUNG = 25_000
 FORCE_YOUNG = 50_000
 POLL_S = 0.025
 OLDER_THRESHOLDS = (20, 20)
+FULL_PATIENCE = 4
 
 
 class GarbageCollector(Protocol):
@@ -45,11 +48,12 @@ def generation_to_collect(count: tuple[int, int, int], *, busy: bool,
                           idle_young: int = IDLE_YOUNG, force_young: int = FORCE_YOUNG,
                           older: tuple[int, int] = OLDER_THRESHOLDS) -> int | None:
     """Which generation to collect now, if any: the oldest whose younger neighbour has
-    been collected more than its threshold, once the young one is due."""
+    been collected more than its threshold, once the young one is due; a full pass waits
+    for an idle moment while it may."""
     young, since_gen1, since_gen2 = count
     if young < (force_young if busy else idle_young):
         return None
-    if since_gen2 > older[1]:
+    if since_gen2 > older[1] * (FULL_PATIENCE if busy else 1):
         return 2
     if since_gen1 > older[0]:
         return 1

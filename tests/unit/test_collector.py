@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from streams.collector import (
     FORCE_YOUNG,
+    FULL_PATIENCE,
     IDLE_YOUNG,
     OLDER_THRESHOLDS,
     IdleCollector,
@@ -54,8 +55,10 @@ def test_young_collections_wait_for_idle_up_to_the_forced_size(
     due = count[0] >= (FORCE_YOUNG if busy else IDLE_YOUNG)
     assert (generation is not None) == due
     if generation is not None:
-        # The oldest generation whose younger neighbour passed its threshold, as CPython.
-        expected = (2 if count[2] > OLDER_THRESHOLDS[1]
+        # The oldest generation whose younger neighbour passed its threshold, as CPython;
+        # a busy worker's full pass waits up to FULL_PATIENCE times its threshold.
+        full_at = OLDER_THRESHOLDS[1] * (FULL_PATIENCE if busy else 1)
+        expected = (2 if count[2] > full_at
                     else 1 if count[1] > OLDER_THRESHOLDS[0] else 0)
         assert generation == expected
 
@@ -73,7 +76,7 @@ def test_garbage_never_waits_past_the_forced_size_and_old_generations_get_their_
         # After a step the young generation is below the bound that applies right now.
         assert fake.count[0] < (FORCE_YOUNG if is_busy else IDLE_YOUNG)
         assert fake.count[1] <= OLDER_THRESHOLDS[0] + 1
-        assert fake.count[2] <= OLDER_THRESHOLDS[1] + 1
+        assert fake.count[2] <= OLDER_THRESHOLDS[1] * FULL_PATIENCE + 1
     assert sum(collector.collections) == len(fake.collected)
     assert collector.forced <= len(fake.collected)
 
@@ -88,6 +91,19 @@ def test_a_busy_worker_is_not_paused_until_the_young_generation_is_large() -> No
     fake.count[0] = FORCE_YOUNG
     busy[0] = True
     assert collector.step() == 0 and collector.forced == 1
+
+
+def test_a_full_pass_waits_for_idle_while_it_may() -> None:
+    fake = FakeGc(young=FORCE_YOUNG, since2=OLDER_THRESHOLDS[1] + 1)
+    busy = [True]
+    collector = IdleCollector(busy=lambda: busy[0], collector=fake)
+    assert collector.step() == 0  # forced young pass; the full one waits
+    fake.count[0] = IDLE_YOUNG
+    busy[0] = False
+    assert collector.step() == 2 and fake.get_count() == (0, 0, 0)
+    fake.count[:] = [FORCE_YOUNG, 0, OLDER_THRESHOLDS[1] * FULL_PATIENCE + 1]
+    busy[0] = True
+    assert collector.step() == 2  # waited as long as it may
 
 
 def test_the_task_turns_automatic_collection_off_and_back_on() -> None:

@@ -47,6 +47,9 @@ def ram_gb(meminfo: Path = Path("/proc/meminfo")) -> float | None:
     return None if kb is None else round(kb / 2**20, 1)
 
 
+OUTPUTS = ("bench/results", "docs/perf")
+
+
 def git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
@@ -58,7 +61,10 @@ def git(*args: str) -> str | None:
 
 def machine() -> dict[str, Any]:
     # Uncommitted changes to tracked files mean the commit alone does not reproduce the run.
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # Saved results and plots are the bench's own output: a run saved after another one in
+    # the same checkout (the README's -x3 commands) is not a change to what ran.
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                *(f":(exclude){path}" for path in OUTPUTS))
     return {
         "nproc": os.cpu_count(), "cpu_model": cpu_model(), "ram_gb": ram_gb(),
         "python": platform.python_version(), "kernel": platform.release(),

@@ -11,8 +11,9 @@ throughput.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
+
+from streams.tasks import cancel_and_wait
 
 
 class DurabilityBarrier:
@@ -28,10 +29,7 @@ class DurabilityBarrier:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     @property
     def pending(self) -> bool:

@@ -31,6 +31,8 @@ from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from streams.tasks import cancel_and_wait
+
 log = logging.getLogger("kron.changelog")
 
 TP = tuple[str, int]
@@ -224,7 +226,4 @@ class ChangelogProducer:
             await asyncio.wait_for(self.flush(), timeout_s)
         finally:
             self._settle()
-            if self._pumping is not None:
-                self._pumping.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._pumping
+            await cancel_and_wait(self._pumping)

@@ -20,11 +20,12 @@ the worker is busy it waits for an idle moment, up to FULL_PATIENCE times its th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 from collections.abc import Callable
 from typing import Protocol
+
+from streams.tasks import cancel_and_wait
 
 log = logging.getLogger("kron.collector")
 
@@ -75,10 +76,7 @@ class IdleCollector:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         self._gc.enable()
 
     def step(self) -> int | None:

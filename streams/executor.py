@@ -8,7 +8,6 @@ attempt's fencing token, so the partition owner decides whether they still count
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import heapq
 import itertools
@@ -25,6 +24,7 @@ from streams.breaker import CircuitBreaker
 from streams.domain.retry import ErrorClass
 from streams.engine.core import Dispatch
 from streams.targets import AttemptInfo, Outcome, Runner
+from streams.tasks import cancel_and_wait
 
 log = logging.getLogger("kron.executor")
 
@@ -138,11 +138,7 @@ class Executor:
             self._release_at.cancel()
         self._held.clear()
         self._held_ids.clear()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
         mono = self._clock.monotonic()

@@ -31,7 +31,6 @@ result for an attempt it already closed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -40,6 +39,7 @@ from typing import Any
 from kron.clock import Clock
 from schemas import codec
 from schemas.names import ATTEMPTS_FINISHED, EXECUTION_SUCCEEDED
+from streams.tasks import cancel_and_wait
 
 log = logging.getLogger("kron.reports")
 
@@ -102,10 +102,7 @@ class ResultBatcher:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await self._flush()  # what finished before a graceful stop is still reported
 
     def add(self, partition: int, item: dict[str, Any], *,

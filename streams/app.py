@@ -6,7 +6,6 @@ Built by `build_engine(settings)` at process start; nothing is built at import t
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import sys
@@ -60,16 +59,6 @@ TICK_BUDGET = 2048
 # one per record to a few hundred a second.
 FETCH_MIN_BYTES = 64 << 10
 FETCH_WAIT_MS = 5
-
-
-def _tune_gc() -> None:
-    """Full collections paused the event loop for 56-155 ms in a burst of 20,000 (measured
-    with gc.callbacks), mostly walking what start-up built: modules, Faust's services,
-    schemas. Frozen, those are never walked again. A first generation of 50,000 objects
-    instead of 700 made the older generations' passes rarer still: the same burst then saw
-    only young passes of 6-15 ms (last call 1.9 -> 1.2 s, p50 1.07 -> 0.69 s). The
-    IdleCollector now picks when those passes run (streams/collector.py)."""
-    gc.freeze()
 
 
 @dataclass(kw_only=True)
@@ -215,7 +204,6 @@ class Engine:
         self.results.start()
         self.executor.start()
         self.ticker.start()
-        _tune_gc()
         self.collector.start()
         log.info("engine started", extra={"worker": self.settings.worker_id})
 

@@ -145,22 +145,31 @@ class FencedTable(faust.Table[Any, Any]):
     def send_changelog(self, partition: int | None, key: Any, value: Any,
                        key_serializer: Any = None, value_serializer: Any = None) -> Any:
         epoch = self._epoch()
-        if partition is not None and epoch > 0:
-            # Our own writes raise the mark too: a replaced owner's late write after them
-            # must lose to them when this process later replays the partition.
-            self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
-        headers = self._epoch_headers(epoch)
         if self._changelog is not None and partition is not None:
             # Keys and values are raw bytes (a delete is a None value): nothing to serialise.
-            if self._changelog_name is None:
-                self._changelog_name = self.changelog_topic.get_topic_name()
-            return self._changelog.produce(self._changelog_name, partition, key, value,
-                                           headers)
+            return self._produce(partition, key, value, epoch)
+        if partition is not None:
+            self._admit_own(partition, epoch)
         return self.changelog_topic.send_soon(
-            key=key, value=value, partition=partition, headers=headers,
+            key=key, value=value, partition=partition, headers=self._epoch_headers(epoch),
             key_serializer=key_serializer or self.key_serializer,
             value_serializer=value_serializer or self.value_serializer,
             callback=self._on_changelog_sent, eager_partitioning=True)
+
+    def _admit_own(self, partition: int, epoch: int) -> None:
+        """Our own writes raise the mark too: a replaced owner's late write after them must
+        lose to them when this process later replays the partition."""
+        if epoch > 0:
+            self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
+
+    def _produce(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> Any:
+        """The changelog record of a write, through librdkafka."""
+        assert self._changelog is not None
+        self._admit_own(partition, epoch)
+        if self._changelog_name is None:
+            self._changelog_name = self.changelog_topic.get_topic_name()
+        return self._changelog.produce(self._changelog_name, partition, key, value,
+                                       self._epoch_headers(epoch))
 
     def _epoch_headers(self, epoch: int) -> list[tuple[str, bytes]] | None:
         """One header list per epoch, not one per write (the producer copies it)."""
@@ -176,12 +185,7 @@ class FencedTable(faust.Table[Any, Any]):
         (through librdkafka), then the partition's RocksDB. Reads of the same partition
         see it at once; the key floor learns of a new key."""
         assert self._changelog is not None, "direct writes need the librdkafka changelog"
-        if epoch > 0:
-            self.fence.admit(partition, epoch, time.time_ns() // 1_000_000)
-        if self._changelog_name is None:
-            self._changelog_name = self.changelog_topic.get_topic_name()
-        self._changelog.produce(self._changelog_name, partition, key, value,
-                                self._epoch_headers(epoch))
+        self._produce(partition, key, value, epoch)
         store: Any = self.data  # the RocksDB store: one rocksdict per partition
         db = store._db_for_partition(partition)
         if value is None:

@@ -26,6 +26,7 @@ class FakeGc:
         self.count = [young, since1, since2]
         self.collected: list[int] = []
         self.enabled = True
+        self.frozen = False
 
     def get_count(self) -> tuple[int, int, int]:
         return self.count[0], self.count[1], self.count[2]
@@ -40,6 +41,9 @@ class FakeGc:
 
     def disable(self) -> None:
         self.enabled = False
+
+    def freeze(self) -> None:
+        self.frozen = True
 
     def enable(self) -> None:
         self.enabled = True
@@ -121,6 +125,7 @@ def test_the_task_turns_automatic_collection_off_and_back_on() -> None:
             del junk
         finally:
             await collector.stop()
+            gc.unfreeze()  # the test process's own objects go back to being collected
         assert gc.isenabled()
 
     asyncio.run(run())
@@ -135,7 +140,7 @@ def test_a_failing_step_hands_collection_back_to_cpython() -> None:
         fake = Broken()
         collector = IdleCollector(busy=lambda: False, poll_s=0.001, collector=fake)
         collector.start()
-        assert not fake.enabled
+        assert not fake.enabled and fake.frozen
         await asyncio.sleep(0.02)
         assert collector._task is not None and collector._task.done()
         await collector.stop()

@@ -24,6 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from schemas import codec, names
+from streams.domain.timer import TimerKind, kind_of
 from streams.engine.faust_store import first_timer_after, first_timer_key
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class Ticker:
         if current is None or due < current:
             self._next[partition] = due
             self._wake.set()
-        if self._ahead_ms:
+        # Only a FIRE timer may be decided ahead; a HELD one marks slots already decided.
+        if self._ahead_ms and kind_of(key) == TimerKind.FIRE:
             self._timer_added_ahead(partition, due)
 
     def _timer_added_ahead(self, p: int, due: int) -> None:

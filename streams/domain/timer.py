@@ -21,6 +21,9 @@ class TimerKind(IntEnum):
     RETRY = 2
     LEASE = 3
     DEADLINE = 4
+    # Attempts decided ahead, looked at when they fall due: if their owner changed since,
+    # the calls it held were never made (see PartitionCore._hand_over).
+    HELD = 5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +61,11 @@ def decode_timer_key(key: bytes) -> TimerKey:
         job_id=key[_HEADER:sep].decode("utf-8"),
         ref=key[sep + 1 :].decode("utf-8"),
     )
+
+
+def kind_of(key: bytes) -> int:
+    """A timer key's kind byte, without decoding the rest."""
+    return key[_DUE_BYTES]
 
 
 def due_prefix_upper_bound(now_ms: int) -> bytes:

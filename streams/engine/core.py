@@ -59,6 +59,9 @@ class Dispatch:
     not_before_ms: int = 0
     # The owner's lease end (wall clock); 0 when unknown.
     lease_until_ms: int = 0
+    # An attempt decided ahead by an earlier owner (PartitionCore._hand_over): the process
+    # that still holds its call drops this copy, any other makes the call.
+    handover: bool = False
     # No decision waits on this execution's end (overlap `allow`): its result may wait
     # behind a spike's calls (streams/reports.py).
     result_may_wait: bool = False
@@ -103,6 +106,9 @@ class Context:
     # lease due time -> [exec_id, attempt] of the attempts this event started or re-armed;
     # written as one timer per due time when the event is done (see _flush_leases).
     leases: dict[int, list[list[str | int]]] = field(default_factory=dict)
+    # due time -> [exec_id, attempt] of the attempts this event decided ahead: one HELD
+    # timer per due time, looked at when it falls due (see _hand_over).
+    held: dict[int, list[list[str | int]]] = field(default_factory=dict)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -440,6 +446,10 @@ class PartitionCore:
         if tk.kind == TimerKind.LEASE:
             self._check_leases(data["l"] if "l" in data else [[tk.ref, data["a"]]], ctx)
             return
+        if tk.kind == TimerKind.HELD:
+            if data["g"] != ctx.epoch:
+                self._hand_over(data["h"], ctx)
+            return
         job = self.store.job(tk.job_id)
         if job is None:
             return
@@ -598,16 +608,23 @@ class PartitionCore:
 
     def _flush_leases(self, ctx: Context) -> list[Effect]:
         """One timer for all the attempts an event leased until the same time, instead of a
-        put and a delete per attempt: finished attempts are skipped when it fires."""
+        put and a delete per attempt: finished attempts are skipped when it fires. The same
+        for the attempts it decided ahead, by due time."""
         for due, entries in ctx.leases.items():
-            value = orjson.dumps({"l": entries})
-            # Named by content: a redelivered event that leases other attempts must not
-            # overwrite the timer its first delivery wrote.
-            digest = hashlib.blake2b(value, digest_size=8).hexdigest()
-            key = timer_key(due_ms=due, kind=TimerKind.LEASE, job_id="", ref=digest)
-            self.store.put_timer(key, value)
+            self._put_grouped(TimerKind.LEASE, due, {"l": entries})
+        for due, entries in ctx.held.items():
+            # The epoch that holds the calls: a tick of the same epoch has nothing to do.
+            self._put_grouped(TimerKind.HELD, due, {"h": entries, "g": ctx.epoch})
         ctx.leases.clear()
+        ctx.held.clear()
         return ctx.effects
+
+    def _put_grouped(self, kind: TimerKind, due_ms: int, data: Record) -> None:
+        value = orjson.dumps(data)
+        # Named by content: a redelivered event that leases other attempts must not
+        # overwrite the timer its first delivery wrote.
+        digest = hashlib.blake2b(value, digest_size=8).hexdigest()
+        self.store.put_timer(timer_key(due_ms=due_ms, kind=kind, job_id="", ref=digest), value)
 
     def _rearm(self, ex: Record, ctx: Context) -> None:
         """Make sure a live attempt is watched by its timer. A crash between an event's
@@ -639,6 +656,30 @@ class PartitionCore:
                 # Extended by heartbeats: look again then. Retry pending: its retry timer
                 # may not have survived a crash. Finished: nothing to do.
                 self._rearm(ex, ctx)
+
+    def _hand_over(self, entries: list[list[Any]], ctx: Context) -> None:
+        """Attempts decided ahead under another epoch, now due. Their calls waited in the
+        executor of the process that decided them; if that process died or lost the
+        partition before the due time, they were never made, and only the lease (from the
+        due time) would bring them back. Each one still running is leased again from now
+        and dispatched as the same attempt, marked `handover`: a process that still holds
+        the call (it kept the partition through a rebalance) drops the copy."""
+        for ex_id, attempt in entries:
+            if self.store.known_terminal(ex_id):
+                continue
+            ex = self.store.execution(ex_id)
+            if ex is None or ex["attempt"] != attempt or ex["state"] != "running":
+                continue
+            job = self.store.job(ex["job_id"])
+            if job is None:
+                continue
+            plan = self._plan(job)
+            ex["worker"] = ex["attempts"][-1]["worker"] = ctx.worker
+            ex["lease_until_ms"] = ctx.now_ms + int(plan.lease_s * 1000)
+            self._lease(ex, ctx)
+            self._save_exec(ctx, ex, "execution.handed_over")
+            ctx.effects.append(self._dispatch(job, plan, ex, start_ms=ctx.now_ms, ctx=ctx,
+                                              handover=True))
 
     # --- firing ------------------------------------------------------------------------------
 
@@ -817,13 +858,21 @@ class PartitionCore:
             "outcome": None, "status_code": None, "error": None,
         })
         self._lease(ex, ctx)
+        if start > ctx.now_ms:
+            ctx.held.setdefault(start, []).append([ex["exec_id"], ex["attempt"]])
         self._save_exec(ctx, ex, "execution.started")
-        ctx.effects.append(Dispatch(
+        ctx.effects.append(self._dispatch(job, plan, ex, start_ms=start, ctx=ctx))
+
+    @staticmethod
+    def _dispatch(job: Record, plan: JobPlan, ex: Record, *, start_ms: int, ctx: Context,
+                  handover: bool = False) -> Dispatch:
+        return Dispatch(
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
             fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
-            lease_s=plan.lease_s, not_before_ms=start if start > ctx.now_ms else 0,
-            lease_until_ms=ex["lease_until_ms"], result_may_wait=plan.overlap == Overlap.ALLOW))
+            lease_s=plan.lease_s, not_before_ms=start_ms if start_ms > ctx.now_ms else 0,
+            lease_until_ms=ex["lease_until_ms"], result_may_wait=plan.overlap == Overlap.ALLOW,
+            handover=handover)
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])

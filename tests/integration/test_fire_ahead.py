@@ -85,3 +85,62 @@ def test_slots_decided_ahead_are_called_on_time_once_and_a_pause_cancels_them(
     finally:
         worker.stop()
         commands.close()
+
+
+def test_slots_held_by_a_killed_worker_are_called_by_the_next_owner_as_the_same_attempt(
+    kafka_cluster, tmp_path, receiver
+) -> None:
+    """Two workers decide one-offs 10 s ahead; one is killed (-9) before they are due. The
+    survivor takes its partitions over and calls the victim's held slots as attempt 1, long
+    before their 60 s lease would have run out; its own held slots, which crossed the
+    rebalance's new epoch, are called once, not again as handover copies."""
+    settings = fresh_settings(kafka_cluster, tmp_path / "d", fire_ahead_s=10.0,
+                              session_timeout_s=6.0)
+    commands = Commands(settings)
+    workers = [WorkerProcess(settings, f"w{i}", tmp_path).start() for i in (1, 2)]
+    url = f"{receiver.url}/ok"
+    try:
+        warm = f"warm-{uuid.uuid4().hex[:8]}"
+        commands.send("CreateJob", warm, spec=spec(target={"url": url}, run_at_ms=now_ms()))
+        assert receiver.wait_for(warm, 1, 90), [w.log()[-2000:] for w in workers]
+        time.sleep(3)  # let the second worker's join settle the assignment
+
+        due = now_ms() + 9500
+        jobs = [f"held-{i}-{uuid.uuid4().hex[:6]}" for i in range(24)]
+        for job_id in jobs:
+            commands.send("CreateJob", job_id, spec=spec(target={"url": url}, run_at_ms=due,
+                                                         lease_s=60.0))
+
+        def decided() -> dict[str, str]:
+            owners = {}
+            for job_id in jobs:
+                for e in latest_executions(settings, job_id).values():
+                    if e["state"] == "running":
+                        owners[job_id] = e["worker"]
+            return owners if len(owners) == len(jobs) else {}
+
+        owners = wait_until(decided, 8, interval_s=0.2)
+        assert now_ms() < due - 1000, "decided too late to kill the owner before the due time"
+        victim = next(w for w in workers if w.name == owners[jobs[0]])
+        survivor = next(w for w in workers if w is not victim)
+        victim.kill()
+        orphans = [j for j in jobs if owners[j] == victim.name]
+
+        # Well inside the lease: only a handover calls them this soon.
+        for job_id in jobs:
+            assert receiver.wait_for(job_id, 1, 40), (job_id, survivor.log()[-3000:])
+        time.sleep(2.0)  # a handover copy called as well would arrive here
+        for job_id in jobs:
+            hits = receiver.hits_for(job_id)
+            assert len(hits) == 1, (job_id, len(hits))
+            assert hits[0].headers["X-Kron-Attempt"] == "1"
+            assert hits[0].received_ms >= due
+        for job_id in orphans:
+            [ex] = wait_until(lambda j=job_id: [e for e in latest_executions(settings, j).values()
+                                                if e["state"] == "succeeded"], 20)
+            assert ex["attempt"] == 1
+            assert [a["worker"] for a in ex["attempts"]] == [survivor.name]
+    finally:
+        for w in workers:
+            w.stop()
+        commands.close()

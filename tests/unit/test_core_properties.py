@@ -271,6 +271,9 @@ class PartitionSim(RuleBasedStateMachine):
         self.jobs: dict[str, JobInfo] = {}
         self.outstanding: dict[tuple[str, int], Outstanding] = {}
         self.dispatched: set[tuple[str, int]] = set()
+        # (exec_id, attempt) decided ahead -> the epoch that decided it; handovers seen.
+        self.held_by: dict[tuple[str, int], int] = {}
+        self.handed: set[tuple[str, int, int]] = set()
         self.all_dispatches: list[Outstanding] = []
         self.permanent: set[tuple[str, int]] = set()
         self.log_seen = 0
@@ -327,7 +330,11 @@ class PartitionSim(RuleBasedStateMachine):
 
     def _take_effects(self, effects: list[Effect], ev: Event) -> None:
         for eff in effects:
-            if isinstance(eff, Dispatch):
+            if isinstance(eff, Dispatch) and eff.handover:
+                self._check_handover(eff, ev)
+                self.outstanding[(eff.exec_id, eff.attempt)] = Outstanding(
+                    dispatch=eff, started_ms=self.now, lease_s=eff.lease_s)
+            elif isinstance(eff, Dispatch):
                 key = (eff.exec_id, eff.attempt)
                 assert key not in self.dispatched, f"attempt dispatched twice: {key}"
                 assert (eff.exec_id, eff.attempt - 1) not in self.permanent, \
@@ -339,6 +346,7 @@ class PartitionSim(RuleBasedStateMachine):
                         "a paused job started a scheduled run"
                 if eff.not_before_ms:
                     self._check_early(eff, ev)
+                    self.held_by[key] = ev.epoch
                 self.dispatched.add(key)
                 o = Outstanding(dispatch=eff, started_ms=max(self.now, eff.not_before_ms),
                                 lease_s=eff.lease_s)
@@ -361,6 +369,20 @@ class PartitionSim(RuleBasedStateMachine):
         assert plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule), plan
         assert ex["lease_until_ms"] == d.not_before_ms + int(d.lease_s * 1000)
         assert ex["attempts"][0]["started_at_ms"] == d.not_before_ms
+
+    def _check_handover(self, d: Dispatch, ev: Event) -> None:
+        """The same attempt again, only for one decided ahead by another epoch, now due,
+        still running, once per epoch, and leased again from now."""
+        key = (d.exec_id, d.attempt)
+        assert ev.kind == "tick", ev
+        assert key in self.held_by and self.held_by[key] != ev.epoch, (key, ev.epoch)
+        assert (*key, ev.epoch) not in self.handed, f"handed over twice: {key}"
+        self.handed.add((*key, ev.epoch))
+        ex = self.store.executions[d.exec_id]
+        assert ex["state"] == "running" and ex["attempt"] == d.attempt
+        assert ex["due_at_ms"] <= ev.now_ms and d.not_before_ms == 0
+        assert ex["lease_until_ms"] == ev.now_ms + int(d.lease_s * 1000)
+        assert ex["worker"] == ev.worker == ex["attempts"][-1]["worker"]
 
     def _called(self) -> list[tuple[str, int]]:
         """Outstanding attempts the executor has called: none before its due time."""
@@ -641,6 +663,12 @@ class PartitionSim(RuleBasedStateMachine):
                     if len(entry) == 4:  # a slot's first attempt names its slot too
                         assert attempt == 1 and exec_id(entry[2], entry[3]) == ex_id, entry
                     lease.setdefault(ex_id, []).append((tk.due_ms, attempt))
+                continue
+            if tk.kind == TimerKind.HELD:
+                for ex_id, attempt in data["h"]:
+                    # An attempt decided ahead, listed at the time it was held until.
+                    ex = self.store.executions[ex_id]
+                    assert ex["attempts"][attempt - 1]["started_at_ms"] == tk.due_ms
                 continue
             assert tk.job_id in self.store.jobs
             if tk.kind == TimerKind.FIRE and not tk.ref:

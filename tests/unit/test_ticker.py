@@ -13,6 +13,7 @@ import pytest
 from kron.clock import ManualClock
 from schemas import codec
 from streams import ticker as ticker_mod
+from streams.domain.timer import TimerKind
 from streams.ticker import Ticker
 
 
@@ -70,8 +71,9 @@ def test_ticker_survives_an_error_and_ticks_the_due_partition(
     assert [(p, r["now_ms"]) for p, r in engine.sent] == [(3, 10_000)]
 
 
-def _key(due_ms: int, eligible: bool) -> bytes:
-    return due_ms.to_bytes(8, "big") + (b"E" if eligible else b"L")
+def _key(due_ms: int, eligible: bool, kind: TimerKind | None = None) -> bytes:
+    kind = kind or (TimerKind.FIRE if eligible else TimerKind.LEASE)
+    return due_ms.to_bytes(8, "big") + bytes((kind,)) + (b"E" if eligible else b"L")
 
 
 class AheadEngine:
@@ -186,6 +188,14 @@ def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
                                13_050 + int(ticker_mod.AHEAD_EVERY_S * 1000)]
         assert engine.keys == []
         assert engine.windows == [3_000] * 4
+        # A HELD timer (the slots a tick just decided) inside the window is no reason to
+        # look at the window again.
+        held = _key(15_000, eligible=False, kind=TimerKind.HELD)
+        engine.add(held)
+        engine.clock.advance(ticker_mod.AHEAD_EVERY_S)
+        await settle()
+        assert len(engine.sent) == 4
+        engine.keys.remove(held)
         # Behind (a long executor queue): a due tick decides only what is due, and nothing
         # is decided ahead until the queue is short again.
         engine.executor.backlog = ticker_mod.BEHIND_BACKLOG + 1

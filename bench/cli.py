@@ -76,6 +76,15 @@ class Common:
     repeat: int = 1
 
 
+def fire_ahead_of(env: dict[str, str]) -> float:
+    """The workers' fire-ahead window: its default changed (0 until the fourteenth pass), so
+    a result records the one it ran with."""
+    from kron.settings import Settings
+
+    default = Settings.model_fields["fire_ahead_s"].default
+    return float(env.get("KRON_FIRE_AHEAD_S", default))
+
+
 def worker_env(pairs: list[str] | None, *, no_barrier: bool) -> dict[str, str]:
     """`--worker-env KEY=VALUE ...` and `--no-barrier` as one dict (--no-barrier wins)."""
     env: dict[str, str] = {}
@@ -138,7 +147,8 @@ def run(fn: Callable[..., dict[str, Any]], opts: Common, **kwargs: Any) -> None:
         raise typer.Exit(2) from exc
     finally:
         signal.signal(signal.SIGTERM, previous)
-    result.update(worker_env=opts.worker_env, command=results.command_of(sys.argv))
+    result.update(worker_env=opts.worker_env, command=results.command_of(sys.argv),
+                  fire_ahead_s=fire_ahead_of(opts.worker_env))
     assert not missing_keys(result), missing_keys(result)
     emit(result, as_json=opts.as_json)
     if opts.save:

@@ -140,6 +140,10 @@ def num(v: Any, unit: str = "") -> str:
     return str(v)
 
 
+# Scenarios whose slots fire, so the fire-ahead window shapes them.
+FIRING = ("steady", "burst", "failover")
+
+
 def options(r: Result) -> str:
     """What was measured, spelled out (defaults included, unlike the command line)."""
     s = r.get("scenario")
@@ -158,7 +162,12 @@ def options(r: Result) -> str:
         parts.append(f"jitter {r['jitter_s']} s")
     if r.get("partitions", 8) != 8:
         parts.append(f"{r['partitions']} partitions")
-    for k, v in (r.get("worker_env") or {}).items():
+    env = r.get("worker_env") or {}
+    if s in FIRING and "KRON_FIRE_AHEAD_S" not in env:
+        # Results from before the window was recorded ran with the old default, off.
+        ahead = r.get("fire_ahead_s") or 0
+        parts.append(f"fire-ahead {num(ahead)} s" if ahead else "fire-ahead off")
+    for k, v in env.items():
         parts.append("no barrier" if (k, v) == ("KRON_DISPATCH_BARRIER", "false") else f"{k}={v}")
     return ", ".join(parts)
 

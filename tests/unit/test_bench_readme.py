@@ -12,7 +12,8 @@ import pytest
 import typer
 
 from bench import readme, results
-from bench.cli import worker_env
+from bench.cli import fire_ahead_of, worker_env
+from bench.readme import options
 from bench.stack import Stack
 from kron.settings import Settings
 
@@ -51,8 +52,8 @@ def test_a_result_that_meets_its_floor() -> None:
     assert "peak RSS MB" in header and "CPU s" in header and "floor met" in header
     assert rule.count("---") == len(readme.COLUMNS)
     cells = [c.strip() for c in first.strip("|").split("|")]
-    assert cells[:11] == ["steady-kafka", "kafka, 5,000/s x 60 s, 1 worker", "5,000", "41.2",
-                          "180", "412", "950", "0", "0", "412", "88.4"]
+    assert cells[:11] == ["steady-kafka", "kafka, 5,000/s x 60 s, 1 worker, fire-ahead off",
+                          "5,000", "41.2", "180", "412", "950", "0", "0", "412", "88.4"]
     assert cells[-2].startswith("kafka, 1 worker: ≥5,000/s") and cells[-1] == "**met**"
 
 
@@ -179,3 +180,17 @@ def test_workers_get_the_extra_environment_and_the_api_does_not(tmp_path: Path) 
     assert env["KRON_DISPATCH_BARRIER"] == "false" and env["KRON_WORKER_ID"] == "w1"
     assert env["KRON_DATA_DIR"] == "/elsewhere"  # the caller's choice wins over the bench's
     assert "KRON_DISPATCH_BARRIER" not in stack.env()
+
+
+def test_the_fire_ahead_window_a_result_ran_with_is_spelled_out() -> None:
+    base = {"scenario": "steady", "target": "kafka", "rate": 500, "window_s": 60, "workers": 1}
+    assert fire_ahead_of({}) == Settings().fire_ahead_s
+    assert fire_ahead_of({"KRON_FIRE_AHEAD_S": "3"}) == 3.0
+    assert options({**base, "fire_ahead_s": 0.5}).endswith("1 worker, fire-ahead 0.5 s")
+    assert options({**base, "fire_ahead_s": 0.0}).endswith("fire-ahead off")
+    # Saved before the window was recorded: the default then was off.
+    assert options(base).endswith("fire-ahead off")
+    # Set explicitly: the variable says it once.
+    explicit = options({**base, "fire_ahead_s": 3.0, "worker_env": {"KRON_FIRE_AHEAD_S": "3"}})
+    assert explicit.endswith("1 worker, KRON_FIRE_AHEAD_S=3")
+    assert "fire-ahead" not in options({"scenario": "api", "concurrency": 32, "duration_s": 30})

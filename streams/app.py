@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,8 @@ class Engine:
         self.job_cache = RecordCache()
         self.execution_cache = RecordCache()
         self.plans = PlanCache()
+        # This process: slots it decides ahead are held here and nowhere else.
+        self.incarnation = uuid.uuid4().hex
         # Built now, started with the app: a dispatch may arrive before the start-up task.
         self.barrier = DurabilityBarrier(self._flush)
         self.collector = IdleCollector(busy=self._busy)
@@ -459,6 +462,7 @@ class Engine:
         ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
                       causation_id=rec["envelope"]["event_id"],
                       worker=self.settings.worker_id, epoch=epoch,
+                      incarnation=self.incarnation,
                       misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
         return PartitionCore(store, self.plans), ctx
 

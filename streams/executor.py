@@ -29,9 +29,6 @@ from streams.tasks import cancel_and_wait
 log = logging.getLogger("kron.executor")
 
 CANCELLED_MAX = 65_536
-# Attempts decided ahead remembered for handovers: seconds of them at 10,000/s.
-AHEAD_MAX = 131_072
-
 
 class Reporter(Protocol):
     """Sends a record to the partition's own signals. `wait_until_lease_ms`, given with a
@@ -121,10 +118,6 @@ class Executor:
         self._held_ids: dict[str, Job] = {}
         self._held_seq = itertools.count()
         self._release_at: asyncio.TimerHandle | None = None
-        # exec_id -> attempt of the attempts decided ahead that this process took: the
-        # handover copy of one (the partition stayed here through a rebalance) is dropped.
-        # Bounded, oldest out; an attempt dropped unmade leaves it, so its copy is called.
-        self._ahead: dict[str, int] = {}
         self._unconfirmed: list[Job] = []
         self._confirm = asyncio.Event()
         # Cancelled while queued (released, waiting for a runner or the barrier): checked
@@ -148,12 +141,6 @@ class Executor:
         await cancel_and_wait(*self._tasks)
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
-        if dispatch.handover and self._ahead.get(dispatch.exec_id) == dispatch.attempt:
-            return  # ours already: held, queued or called
-        if dispatch.not_before_ms:
-            self._ahead[dispatch.exec_id] = dispatch.attempt
-            if len(self._ahead) > AHEAD_MAX:
-                del self._ahead[next(iter(self._ahead))]
         mono = self._clock.monotonic()
         hold_s = max(0.0, (dispatch.not_before_ms - self._clock.now_ms()) / 1000)
         # A full lease from the due time, or from now. Not from the end of the owner's lease:
@@ -241,7 +228,6 @@ class Executor:
         d = job.dispatch
         if self._clock.monotonic() >= job.lease_deadline:
             # The lease ran out while queued; the owner's lease timer retries it.
-            self._ahead.pop(d.exec_id, None)
             return
         if self._before_dispatch is not None and not job.durable:
             try:
@@ -249,13 +235,10 @@ class Executor:
             except Exception:  # not durable: don't call; the lease timer retries it
                 log.warning("attempt not dispatched: its start was not acknowledged",
                             extra={"exec_id": job.dispatch.exec_id})
-                self._ahead.pop(d.exec_id, None)
                 return
         if self._may_dispatch is not None and not self._may_dispatch(job.partition):
-            # A paused or cut-off owner: the partition's next owner calls it (a handover)
-            # or retries it by lease.
+            # A paused or cut-off owner: the partition's new owner retries it by lease.
             self.fenced += 1
-            self._ahead.pop(d.exec_id, None)
             log.warning("attempt not dispatched: partition %s is no longer ours",
                         job.partition, extra={"exec_id": d.exec_id})
             return

@@ -59,9 +59,6 @@ class Dispatch:
     not_before_ms: int = 0
     # The owner's lease end (wall clock); 0 when unknown.
     lease_until_ms: int = 0
-    # An attempt decided ahead by an earlier owner (PartitionCore._hand_over): the process
-    # that still holds its call drops this copy, any other makes the call.
-    handover: bool = False
     # No decision waits on this execution's end (overlap `allow`): its result may wait
     # behind a spike's calls (streams/reports.py).
     result_may_wait: bool = False
@@ -94,6 +91,9 @@ class Context:
     causation_id: str
     worker: str
     epoch: int
+    # Which process this is (new at every start): an attempt decided ahead is held by the
+    # process that decided it, and only there (see _hand_over).
+    incarnation: str = ""
     # How late a slot may be before misfire policy judges it. Every owner must use the same
     # value (it is a deployment setting), or replays would decide differently.
     misfire_grace_ms: int = MISFIRE_GRACE_MS
@@ -447,7 +447,7 @@ class PartitionCore:
             self._check_leases(data["l"] if "l" in data else [[tk.ref, data["a"]]], ctx)
             return
         if tk.kind == TimerKind.HELD:
-            if data["g"] != ctx.epoch:
+            if data["i"] != ctx.incarnation:
                 self._hand_over(data["h"], ctx)
             return
         job = self.store.job(tk.job_id)
@@ -613,8 +613,8 @@ class PartitionCore:
         for due, entries in ctx.leases.items():
             self._put_grouped(TimerKind.LEASE, due, {"l": entries})
         for due, entries in ctx.held.items():
-            # The epoch that holds the calls: a tick of the same epoch has nothing to do.
-            self._put_grouped(TimerKind.HELD, due, {"h": entries, "g": ctx.epoch})
+            # The process that holds the calls: its own tick has nothing to do.
+            self._put_grouped(TimerKind.HELD, due, {"h": entries, "i": ctx.incarnation})
         ctx.leases.clear()
         ctx.held.clear()
         return ctx.effects
@@ -658,12 +658,12 @@ class PartitionCore:
                 self._rearm(ex, ctx)
 
     def _hand_over(self, entries: list[list[Any]], ctx: Context) -> None:
-        """Attempts decided ahead under another epoch, now due. Their calls waited in the
-        executor of the process that decided them; if that process died or lost the
-        partition before the due time, they were never made, and only the lease (from the
-        due time) would bring them back. Each one still running is leased again from now
-        and dispatched as the same attempt, marked `handover`: a process that still holds
-        the call (it kept the partition through a rebalance) drops the copy."""
+        """Attempts another process decided ahead, now due. Their calls waited in its
+        executor; it died, stopped or lost the partition, so each call was never made or
+        (dying just after its due time) its outcome is unknown. Waiting for the lease (60 s
+        by default, from the due time) would only delay what it decides: each attempt still
+        running fails `lease_expired` now and the retry policy takes it from there. A new
+        attempt, never the same one again: two calls must not share a fencing token."""
         for ex_id, attempt in entries:
             if self.store.known_terminal(ex_id):
                 continue
@@ -671,15 +671,11 @@ class PartitionCore:
             if ex is None or ex["attempt"] != attempt or ex["state"] != "running":
                 continue
             job = self.store.job(ex["job_id"])
-            if job is None:
-                continue
-            plan = self._plan(job)
-            ex["worker"] = ex["attempts"][-1]["worker"] = ctx.worker
-            ex["lease_until_ms"] = ctx.now_ms + int(plan.lease_s * 1000)
-            self._lease(ex, ctx)
-            self._save_exec(ctx, ex, "execution.handed_over")
-            ctx.effects.append(self._dispatch(job, plan, ex, start_ms=ctx.now_ms, ctx=ctx,
-                                              handover=True))
+            if job is not None:
+                self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
+                                   error="lease expired: the worker holding the call stopped "
+                                         "before its due time",
+                                   status_code=None, retry_after_s=None, started_at_ms=None)
 
     # --- firing ------------------------------------------------------------------------------
 
@@ -861,18 +857,12 @@ class PartitionCore:
         if start > ctx.now_ms:
             ctx.held.setdefault(start, []).append([ex["exec_id"], ex["attempt"]])
         self._save_exec(ctx, ex, "execution.started")
-        ctx.effects.append(self._dispatch(job, plan, ex, start_ms=start, ctx=ctx))
-
-    @staticmethod
-    def _dispatch(job: Record, plan: JobPlan, ex: Record, *, start_ms: int, ctx: Context,
-                  handover: bool = False) -> Dispatch:
-        return Dispatch(
+        ctx.effects.append(Dispatch(
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
             fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
-            lease_s=plan.lease_s, not_before_ms=start_ms if start_ms > ctx.now_ms else 0,
-            lease_until_ms=ex["lease_until_ms"], result_may_wait=plan.overlap == Overlap.ALLOW,
-            handover=handover)
+            lease_s=plan.lease_s, not_before_ms=start if start > ctx.now_ms else 0,
+            lease_until_ms=ex["lease_until_ms"], result_may_wait=plan.overlap == Overlap.ALLOW))
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])

@@ -87,13 +87,14 @@ def test_slots_decided_ahead_are_called_on_time_once_and_a_pause_cancels_them(
         commands.close()
 
 
-def test_slots_held_by_a_killed_worker_are_called_by_the_next_owner_as_the_same_attempt(
+def test_slots_held_by_a_killed_worker_are_retried_by_the_next_owner_at_their_due_time(
     kafka_cluster, tmp_path, receiver
 ) -> None:
     """Two workers decide one-offs 10 s ahead; one is killed (-9) before they are due. The
-    survivor takes its partitions over and calls the victim's held slots as attempt 1, long
-    before their 60 s lease would have run out; its own held slots, which crossed the
-    rebalance's new epoch, are called once, not again as handover copies."""
+    survivor takes its partitions over and retries the victim's held slots as attempt 2
+    right away, long before their 60 s lease would have run out. Its own held slots,
+    which crossed the rebalance's new epoch in the process that holds them, are called
+    once, as attempt 1."""
     settings = fresh_settings(kafka_cluster, tmp_path / "d", fire_ahead_s=10.0,
                               session_timeout_s=6.0)
     commands = Commands(settings)
@@ -124,22 +125,22 @@ def test_slots_held_by_a_killed_worker_are_called_by_the_next_owner_as_the_same_
         victim = next(w for w in workers if w.name == owners[jobs[0]])
         survivor = next(w for w in workers if w is not victim)
         victim.kill()
-        orphans = [j for j in jobs if owners[j] == victim.name]
+        orphans = {j for j in jobs if owners[j] == victim.name}
 
-        # Well inside the lease: only a handover calls them this soon.
+        # Well inside the lease: only the handover retries them this soon.
         for job_id in jobs:
             assert receiver.wait_for(job_id, 1, 40), (job_id, survivor.log()[-3000:])
-        time.sleep(2.0)  # a handover copy called as well would arrive here
+        time.sleep(2.0)  # a second call of any of them would arrive here
         for job_id in jobs:
             hits = receiver.hits_for(job_id)
             assert len(hits) == 1, (job_id, len(hits))
-            assert hits[0].headers["X-Kron-Attempt"] == "1"
+            assert hits[0].headers["X-Kron-Attempt"] == ("2" if job_id in orphans else "1")
             assert hits[0].received_ms >= due
         for job_id in orphans:
             [ex] = wait_until(lambda j=job_id: [e for e in latest_executions(settings, j).values()
                                                 if e["state"] == "succeeded"], 20)
-            assert ex["attempt"] == 1
-            assert [a["worker"] for a in ex["attempts"]] == [survivor.name]
+            assert [(a["worker"], a["outcome"]) for a in ex["attempts"]] == [
+                (victim.name, "lease_expired"), (survivor.name, "succeeded")]
     finally:
         for w in workers:
             w.stop()

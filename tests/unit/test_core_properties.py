@@ -174,8 +174,9 @@ class Event:
 
 
 def apply(core: PartitionCore, ev: Event) -> list[Effect] | PermanentError:
+    # One process per worker name: a crash_and_restart starts another.
     ctx = Context(now_ms=ev.now_ms, causation_id=ev.event_id, worker=ev.worker,
-                  epoch=ev.epoch, misfire_grace_ms=ev.grace_ms,
+                  epoch=ev.epoch, incarnation=ev.worker, misfire_grace_ms=ev.grace_ms,
                   fire_ahead_ms=ev.record.get("fire_ahead_ms", 0) if ev.kind == "tick" else 0)
     rec = copy.deepcopy(ev.record)
     try:
@@ -271,9 +272,6 @@ class PartitionSim(RuleBasedStateMachine):
         self.jobs: dict[str, JobInfo] = {}
         self.outstanding: dict[tuple[str, int], Outstanding] = {}
         self.dispatched: set[tuple[str, int]] = set()
-        # (exec_id, attempt) decided ahead -> the epoch that decided it; handovers seen.
-        self.held_by: dict[tuple[str, int], int] = {}
-        self.handed: set[tuple[str, int, int]] = set()
         self.all_dispatches: list[Outstanding] = []
         self.permanent: set[tuple[str, int]] = set()
         self.log_seen = 0
@@ -330,11 +328,7 @@ class PartitionSim(RuleBasedStateMachine):
 
     def _take_effects(self, effects: list[Effect], ev: Event) -> None:
         for eff in effects:
-            if isinstance(eff, Dispatch) and eff.handover:
-                self._check_handover(eff, ev)
-                self.outstanding[(eff.exec_id, eff.attempt)] = Outstanding(
-                    dispatch=eff, started_ms=self.now, lease_s=eff.lease_s)
-            elif isinstance(eff, Dispatch):
+            if isinstance(eff, Dispatch):
                 key = (eff.exec_id, eff.attempt)
                 assert key not in self.dispatched, f"attempt dispatched twice: {key}"
                 assert (eff.exec_id, eff.attempt - 1) not in self.permanent, \
@@ -346,7 +340,6 @@ class PartitionSim(RuleBasedStateMachine):
                         "a paused job started a scheduled run"
                 if eff.not_before_ms:
                     self._check_early(eff, ev)
-                    self.held_by[key] = ev.epoch
                 self.dispatched.add(key)
                 o = Outstanding(dispatch=eff, started_ms=max(self.now, eff.not_before_ms),
                                 lease_s=eff.lease_s)
@@ -369,20 +362,6 @@ class PartitionSim(RuleBasedStateMachine):
         assert plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule), plan
         assert ex["lease_until_ms"] == d.not_before_ms + int(d.lease_s * 1000)
         assert ex["attempts"][0]["started_at_ms"] == d.not_before_ms
-
-    def _check_handover(self, d: Dispatch, ev: Event) -> None:
-        """The same attempt again, only for one decided ahead by another epoch, now due,
-        still running, once per epoch, and leased again from now."""
-        key = (d.exec_id, d.attempt)
-        assert ev.kind == "tick", ev
-        assert key in self.held_by and self.held_by[key] != ev.epoch, (key, ev.epoch)
-        assert (*key, ev.epoch) not in self.handed, f"handed over twice: {key}"
-        self.handed.add((*key, ev.epoch))
-        ex = self.store.executions[d.exec_id]
-        assert ex["state"] == "running" and ex["attempt"] == d.attempt
-        assert ex["due_at_ms"] <= ev.now_ms and d.not_before_ms == 0
-        assert ex["lease_until_ms"] == ev.now_ms + int(d.lease_s * 1000)
-        assert ex["worker"] == ev.worker == ex["attempts"][-1]["worker"]
 
     def _called(self) -> list[tuple[str, int]]:
         """Outstanding attempts the executor has called: none before its due time."""

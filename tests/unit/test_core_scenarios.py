@@ -48,16 +48,19 @@ class Partition:
         self.fire_ahead_ms = fire_ahead_ms
         self.epoch = 1
         self.worker = "w1"
+        self.incarnation = "p1"
 
     def _ctx(self) -> Context:
         self.n += 1
         return Context(now_ms=self.now, causation_id=f"ev-{self.n}", worker=self.worker,
-                       epoch=self.epoch, fire_ahead_ms=self.fire_ahead_ms)
+                       epoch=self.epoch, incarnation=self.incarnation,
+                       fire_ahead_ms=self.fire_ahead_ms)
 
     def new_owner(self, epoch: int, worker: str) -> None:
-        """The partition's next owner: the same durable state, nothing in memory."""
+        """The partition's next owner, another process: the same durable state, nothing
+        in memory."""
         self.core = PartitionCore(self.store)
-        self.epoch, self.worker = epoch, worker
+        self.epoch, self.worker, self.incarnation = epoch, worker, f"p-{worker}"
 
     def command(self, kind: str, job_id: str, *, command_id: str | None = None,
                 **fields: Any) -> list[Effect]:
@@ -681,58 +684,57 @@ def test_a_delete_inside_the_window_cancels_the_slot_decided_early() -> None:
     assert p.ex("once", T0 + 2 * SEC)["state"] == "cancelled"
 
 
-def test_a_slot_decided_early_whose_owner_died_is_called_by_the_next_owner() -> None:
+def test_a_slot_decided_early_whose_owner_died_is_retried_at_its_due_time() -> None:
     p = Partition(T0, fire_ahead_ms=3 * SEC)
-    p.create("once", run_at_ms=T0 + 2 * SEC, retry={"max_attempts": 1})
+    p.create("once", run_at_ms=T0 + 2 * SEC, retry={"max_attempts": 3, "backoff": "fixed",
+                                                    "base_s": 0.5, "max_s": 0.5})
     [d] = _dispatches(p.tick())
-    # The owner died before the due time; the next owner (a later epoch) only has the state.
+    # The owner died before the due time; the next owner only has the durable state.
     p.new_owner(epoch=2, worker="w2")
     assert _dispatches(p.tick(T0 + 2 * SEC - 1)) == []
-    [again] = _dispatches(p.tick(T0 + 2 * SEC + 40))
-    # The same attempt (max_attempts 1 is not spent), called now, leased from now.
-    assert (again.exec_id, again.attempt, again.fencing_token) == (d.exec_id, 1, 1)
-    assert again.handover and again.not_before_ms == 0
+    p.tick(T0 + 2 * SEC)
+    # Not at its lease's end (60 s on): at the due time, as a lapsed lease.
     ex = p.ex("once", T0 + 2 * SEC)
-    assert ex["state"] == "running" and ex["worker"] == "w2"
-    assert ex["attempts"][0]["worker"] == "w2"
-    assert ex["attempts"][0]["started_at_ms"] == T0 + 2 * SEC
-    assert ex["lease_until_ms"] == p.now + int(again.lease_s * SEC)
-    assert ex["envelope"]["event_type"] == "execution.handed_over"
-    assert p.lease_dues(d.exec_id)[-1] == ex["lease_until_ms"]
-    # Its HELD timer is gone: nothing hands it over twice.
-    assert _dispatches(p.tick(T0 + 3 * SEC)) == []
+    assert ex["state"] == "retry_pending" and ex["attempts"][0]["outcome"] == "lease_expired"
+    assert T0 + 2 * SEC <= ex["retry_at_ms"] <= T0 + 2 * SEC + 500
+    [again] = _dispatches(p.tick(ex["retry_at_ms"]))
+    # A new attempt and token: the old owner may have called attempt 1 as it died.
+    assert (again.exec_id, again.attempt, again.fencing_token) == (d.exec_id, 2, 2)
+    assert again.not_before_ms == 0
     p.report(again, "success")
     assert p.ex("once", T0 + 2 * SEC)["state"] == "succeeded"
-    assert [a["attempt"] for a in p.ex("once", T0 + 2 * SEC)["attempts"]] == [1]
+    # Its HELD timer is gone: nothing fails it twice.
+    assert not [k for k in p.store.timers if decode_timer_key(k).kind == TimerKind.HELD]
 
 
-def test_a_takeover_after_the_due_time_calls_the_held_slot_at_the_first_tick() -> None:
+def test_a_takeover_after_the_due_time_retries_the_held_slots_at_its_first_tick() -> None:
     p = Partition(T0 + 500, fire_ahead_ms=3 * SEC)
-    p.create("every", cron="*/1 * * * * *", tz="UTC", overlap="allow", lease_s=60.0)
+    p.create("every", cron="*/1 * * * * *", tz="UTC", overlap="allow", lease_s=60.0,
+             retry={"max_attempts": 1})
     held = _dispatches(p.tick()) + _dispatches(p.tick())
     assert [d.scheduled_for_ms - T0 for d in held] == [1 * SEC, 2 * SEC]
     p.new_owner(epoch=5, worker="w2")
-    p.now = T0 + 12 * SEC  # the session timeout passed before the group moved it
-    effects = p.core.on_tick(Context(now_ms=p.now, causation_id="takeover", worker="w2",
-                                     epoch=5, fire_ahead_ms=0))[0]
-    handed = [d for d in _dispatches(effects) if d.handover]
-    assert sorted(d.exec_id for d in handed) == sorted(d.exec_id for d in held)
-    assert all(d.attempt == 1 and d.not_before_ms == 0 for d in handed)
+    p.tick(T0 + 12 * SEC)  # the session timeout passed before the group moved it
+    for d in held:  # max_attempts 1: failed now, not 60 s from now
+        ex = p.ex("every", d.scheduled_for_ms)
+        assert ex["state"] == "failed" and ex["attempts"][0]["outcome"] == "lease_expired"
 
 
-def test_the_epoch_that_decided_a_slot_ahead_adds_nothing_at_its_due_time() -> None:
+def test_the_process_that_decided_a_slot_ahead_adds_nothing_at_its_due_time() -> None:
     p = Partition(T0, fire_ahead_ms=3 * SEC)
     p.create("once", run_at_ms=T0 + 2 * SEC)
     [d] = _dispatches(p.tick())
     held = [k for k in p.store.timers if decode_timer_key(k).kind == TimerKind.HELD]
     assert len(held) == 1 and decode_timer_key(held[0]).due_ms == d.not_before_ms
-    # The same owner holds the call: at the due time the tick only drops the HELD timer.
+    # A rebalance kept the partition in this process (a new epoch): it still holds the
+    # call, so the tick at the due time only drops the HELD timer.
+    p.epoch = 7
     assert _dispatches(p.tick(T0 + 2 * SEC)) == []
     assert not [k for k in p.store.timers if decode_timer_key(k).kind == TimerKind.HELD]
-    assert p.ex("once", T0 + 2 * SEC)["envelope"]["event_type"] == "execution.started"
+    assert p.ex("once", T0 + 2 * SEC)["state"] == "running"
 
 
-def test_a_handover_of_a_cancelled_or_finished_slot_calls_nothing() -> None:
+def test_a_cancelled_or_finished_held_slot_is_left_alone_by_the_next_owner() -> None:
     p = Partition(T0, fire_ahead_ms=3 * SEC)
     for job_id in ("once", "gone", "done"):
         p.create(job_id, run_at_ms=T0 + 2 * SEC)
@@ -741,8 +743,9 @@ def test_a_handover_of_a_cancelled_or_finished_slot_calls_nothing() -> None:
     p.now = T0 + 2 * SEC
     p.report(ds["done"], "success")
     p.new_owner(epoch=2, worker="w2")
-    handed = _dispatches(p.tick(T0 + 2 * SEC + 5))
-    assert [d.job_id for d in handed] == ["once"] and handed[0].handover
+    p.tick(T0 + 2 * SEC + 5)
+    states = {j: p.ex(j, T0 + 2 * SEC)["state"] for j in ds}
+    assert states == {"once": "retry_pending", "gone": "cancelled", "done": "succeeded"}
 
 
 def test_a_pause_stamped_before_a_slot_that_already_fired_does_not_cancel_it() -> None:

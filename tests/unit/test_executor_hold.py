@@ -44,15 +44,14 @@ async def receiver() -> AsyncIterator[tuple[str, dict[str, int]]]:
 clock = SystemClock()
 
 
-def dispatch(base: str, exec_id: str, not_before_ms: int, *,
-             handover: bool = False) -> Dispatch:
+def dispatch(base: str, exec_id: str, not_before_ms: int) -> Dispatch:
     return Dispatch(exec_id=exec_id, job_id="j", tenant="t", scheduled_for_ms=not_before_ms,
                     attempt=1, fencing_token=1, lease_s=10.0, not_before_ms=not_before_ms,
-                    target={"url": f"{base}/{exec_id}", "timeout_s": 10}, handover=handover)
+                    target={"url": f"{base}/{exec_id}", "timeout_s": 10})
 
 
-def started_executor(reports: list[tuple[str, dict[str, Any]]], *, concurrency: int,
-                     may_dispatch: Any = None) -> tuple[Executor, HttpRunner]:
+def started_executor(reports: list[tuple[str, dict[str, Any]]], *,
+                     concurrency: int) -> tuple[Executor, HttpRunner]:
     """A running pool whose reports land in `reports`; stop it and close the runner."""
     async def report(partition: int, name: str, record: dict[str, Any], /,
                      **_: Any) -> None:
@@ -60,7 +59,7 @@ def started_executor(reports: list[tuple[str, dict[str, Any]]], *, concurrency: 
 
     runner = HttpRunner(allow_private=True)
     ex = Executor(runners={"http": runner}, report=report, clock=clock, worker_id="w",
-                  concurrency=concurrency, may_dispatch=may_dispatch)
+                  concurrency=concurrency)
     ex.start()
     return ex, runner
 
@@ -127,43 +126,3 @@ def test_an_attempt_cancelled_while_queued_is_never_called() -> None:
     arrivals = asyncio.run(run())
     assert sorted(arrivals) == ["hang"]
     assert [(r["exec_id"], r["error_class"]) for _, r in reports] == [("hang", "cancelled")]
-
-
-def test_a_handover_copy_is_called_only_where_the_held_call_is_not() -> None:
-    """A new epoch's owner hands over every attempt decided ahead that is still running. The
-    process that holds one (it kept the partition) drops the copy; one that never had it,
-    or dropped it unmade when the partition left, makes the call."""
-    reports: list[tuple[str, dict[str, Any]]] = []
-    owned = {0, 1}
-
-    async def run() -> dict[str, int]:
-        async with receiver() as (base, arrivals):
-            ex, runner = started_executor(reports, concurrency=4,
-                                          may_dispatch=lambda p: p in owned)
-            now = clock.now_ms()
-            ex.submit(dispatch(base, "kept", now + 300), 0)
-            ex.submit(dispatch(base, "left", now + 200), 1)
-            # As the core sends it: due already, so not held.
-            ex.submit(dispatch(base, "kept", 0, handover=True), 0)
-            assert ex.held == 2 and ex.backlog == 0  # the copy of "kept" was dropped
-            owned.discard(1)  # partition 1 goes before "left" is due: dropped unmade
-            for _ in range(300):
-                if "kept" in arrivals:
-                    break
-                await asyncio.sleep(0.01)
-            owned.add(1)  # back here in a later epoch, whose tick hands "left" over
-            ex.submit(dispatch(base, "left", 0, handover=True), 1)
-            ex.submit(dispatch(base, "never-here", 0, handover=True), 0)
-            for _ in range(300):
-                if len(reports) == 3:
-                    break
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)
-            await ex.stop()
-            await runner.close()
-            assert arrivals["kept"] >= now + 300
-            return arrivals
-
-    arrivals = asyncio.run(run())
-    assert sorted(arrivals) == ["kept", "left", "never-here"]
-    assert sorted(r["exec_id"] for _, r in reports) == ["kept", "left", "never-here"]

@@ -448,7 +448,7 @@ class PartitionCore:
             return
         if tk.kind == TimerKind.HELD:
             if data["i"] != ctx.incarnation:
-                self._hand_over(data["h"], ctx)
+                self._hand_over(data["h"], tk.due_ms, ctx)
             return
         job = self.store.job(tk.job_id)
         if job is None:
@@ -657,18 +657,21 @@ class PartitionCore:
                 # may not have survived a crash. Finished: nothing to do.
                 self._rearm(ex, ctx)
 
-    def _hand_over(self, entries: list[list[Any]], ctx: Context) -> None:
+    def _hand_over(self, entries: list[list[Any]], due_ms: int, ctx: Context) -> None:
         """Attempts another process decided ahead, now due. Their calls waited in its
         executor; it died, stopped or lost the partition, so each call was never made or
         (dying just after its due time) its outcome is unknown. Waiting for the lease (60 s
         by default, from the due time) would only delay what it decides: each attempt still
         running fails `lease_expired` now and the retry policy takes it from there. A new
-        attempt, never the same one again: two calls must not share a fencing token."""
+        attempt, never the same one again: two calls must not share a fencing token. An
+        attempt that started at another time is not the one held (a torn event's slot,
+        decided again since by this owner)."""
         for ex_id, attempt in entries:
             if self.store.known_terminal(ex_id):
                 continue
             ex = self.store.execution(ex_id)
-            if ex is None or ex["attempt"] != attempt or ex["state"] != "running":
+            if (ex is None or ex["attempt"] != attempt or ex["state"] != "running"
+                    or ex["attempts"][-1]["started_at_ms"] != due_ms):
                 continue
             job = self.store.job(ex["job_id"])
             if job is not None:

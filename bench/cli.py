@@ -77,8 +77,8 @@ class Common:
 
 
 def fire_ahead_of(env: dict[str, str]) -> float:
-    """The workers' fire-ahead window: its default changed (0 until the fourteenth pass), so
-    a result records the one it ran with."""
+    """The workers' fire-ahead window, set or by default: a result records the one it ran
+    with, as the default has changed before."""
     from kron.settings import Settings
 
     default = Settings.model_fields["fire_ahead_s"].default

@@ -21,8 +21,8 @@ class TimerKind(IntEnum):
     RETRY = 2
     LEASE = 3
     DEADLINE = 4
-    # Attempts decided ahead, looked at when they fall due: if their owner changed since,
-    # the calls it held were never made (see PartitionCore._hand_over).
+    # Attempts decided ahead, looked at when they fall due: in another process than the
+    # one holding their calls, that one is gone (see PartitionCore._hand_over).
     HELD = 5
 
 

@@ -621,7 +621,7 @@ class PartitionCore:
 
     def _put_grouped(self, kind: TimerKind, due_ms: int, data: Record) -> None:
         value = orjson.dumps(data)
-        # Named by content: a redelivered event that leases other attempts must not
+        # Named by content: a redelivered event that lists other attempts must not
         # overwrite the timer its first delivery wrote.
         digest = hashlib.blake2b(value, digest_size=8).hexdigest()
         self.store.put_timer(timer_key(due_ms=due_ms, kind=kind, job_id="", ref=digest), value)
@@ -646,12 +646,7 @@ class PartitionCore:
             if ex is None or ex["attempt"] != attempt:
                 continue  # retried since: a later timer watches the newer attempt
             if ex["state"] == "running" and ex["lease_until_ms"] <= ctx.now_ms:
-                job = self.store.job(ex["job_id"])
-                if job is not None:
-                    self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
-                                       error="lease expired: the worker stopped heartbeating",
-                                       status_code=None, retry_after_s=None,
-                                       started_at_ms=None)
+                self._expire(ex, ctx, why="the worker stopped heartbeating")
             else:
                 # Extended by heartbeats: look again then. Retry pending: its retry timer
                 # may not have survived a crash. Finished: nothing to do.
@@ -673,12 +668,16 @@ class PartitionCore:
             if (ex is None or ex["attempt"] != attempt or ex["state"] != "running"
                     or ex["attempts"][-1]["started_at_ms"] != due_ms):
                 continue
-            job = self.store.job(ex["job_id"])
-            if job is not None:
-                self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
-                                   error="lease expired: the worker holding the call stopped "
-                                         "before its due time",
-                                   status_code=None, retry_after_s=None, started_at_ms=None)
+            self._expire(ex, ctx, why="the worker holding the call stopped before its due time")
+
+    def _expire(self, ex: Record, ctx: Context, *, why: str) -> None:
+        """A running attempt whose worker is gone fails `lease_expired`; the retry policy
+        decides what follows."""
+        job = self.store.job(ex["job_id"])
+        if job is not None:
+            self._fail_attempt(job, ex, ctx, error_class=ErrorClass.LEASE_EXPIRED,
+                               error=f"lease expired: {why}", status_code=None,
+                               retry_after_s=None, started_at_ms=None)
 
     # --- firing ------------------------------------------------------------------------------
 

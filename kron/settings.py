@@ -51,8 +51,10 @@ class Settings(BaseSettings):
     misfire_grace_s: float = Field(default=60.0, ge=1, le=86_400)
     # Decide eligible slots (one-offs, overlap=allow) up to this long before they are due
     # and hold the call until then, so a spike's decisions are made ahead of it. 0 is off.
-    # Each tick carries the window its ticker chose, so replays decide alike.
-    fire_ahead_s: float = Field(default=0.0, ge=0, le=10)
+    # Each tick carries the window its ticker chose, so replays decide alike. Half a
+    # second takes a tick's deciding off the due time without making pauses and deletes
+    # much earlier than they look (see README, Fire-ahead).
+    fire_ahead_s: float = Field(default=0.5, ge=0, le=10)
     # Local state (RocksDB tables, projections) lives here; two workers need two dirs.
     data_dir: Path = Path(".kron/data")
     # API

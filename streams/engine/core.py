@@ -100,6 +100,10 @@ class Context:
     # How far ahead of their due time a tick decides eligible slots (one-offs and `allow`
     # jobs); 0 is off. A field of the tick (its ticker chose it), so replays decide alike.
     fire_ahead_ms: int = 0
+    # Where the next chunk of this tick goes on deciding ahead: the keys before it were
+    # looked at by an earlier chunk, and those it decided are tombstones that a scan from
+    # `now` would walk again for every chunk (quadratic in a spike).
+    ahead_from: bytes = b""
     effects: list[Effect] = field(default_factory=list)
     # Numbers the records one event writes, so each gets its own deterministic event id.
     seq: int = 0
@@ -411,13 +415,14 @@ class PartitionCore:
         the due time in the executor. Everything else in the window (leases, retries, paced
         runs, other overlap policies, paused jobs) is left for its due time."""
         fired: list[tuple[bytes, bytes]] = []
-        lower = due_prefix_upper_bound(ctx.now_ms)
+        lower = max(due_prefix_upper_bound(ctx.now_ms), ctx.ahead_from)
         upper = due_prefix_upper_bound(ctx.now_ms + ctx.fire_ahead_ms)
         # Closed however this ends: a RocksDB iterator must not outlive the event (a
         # rebalance may close the DB while a dead-letter send awaits).
         with contextlib.closing(self.store.timers_in(lower, upper)) as window:
             for key, value in window:
                 if len(fired) >= room:
+                    ctx.ahead_from = key
                     return fired, True
                 if self._fire_early(key, value, ctx):
                     fired.append((key, value))

@@ -761,3 +761,30 @@ def test_a_pause_stamped_before_a_slot_that_already_fired_does_not_cancel_it() -
     p.now = T0 + 2 * SEC + 10
     p.report(d, "success")
     assert p.ex("once", T0 + 2 * SEC)["state"] == "succeeded"
+
+
+def test_a_tick_deciding_ahead_in_chunks_resumes_where_the_last_chunk_stopped() -> None:
+    """The worker applies a tick as chunks of on_tick over one Context. In RocksDB the
+    slots an earlier chunk decided are tombstones; a chunk that scanned the window from
+    `now` again would walk them all (quadratic in a spike)."""
+    p = Partition(T0, fire_ahead_ms=3 * SEC)
+    for i in range(50):
+        p.create(f"once-{i}", run_at_ms=T0 + 2 * SEC + i)
+    lowers: list[bytes] = []
+    timers_in = p.store.timers_in
+
+    def spy(lower: bytes, upper: bytes) -> Any:
+        lowers.append(lower)
+        return timers_in(lower, upper)
+
+    ctx = p._ctx()
+    decided: list[Dispatch] = []
+    with mock.patch.object(p.store, "timers_in", spy):
+        while True:
+            effects, more = p.core.on_tick(ctx, limit=8)
+            ctx.effects = []
+            decided += _dispatches(effects)
+            if not more:
+                break
+    assert sorted(d.job_id for d in decided) == sorted(f"once-{i}" for i in range(50))
+    assert len(lowers) == 7 and lowers == sorted(set(lowers)), lowers

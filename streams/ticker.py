@@ -14,6 +14,10 @@ partition, the earliest timer past the window the last tick decided, and sends a
 it enters the window: at most every AHEAD_EVERY_S, as timers left in the window (leases,
 other overlap policies) are read again by each tick. A worker that is behind decides
 nothing ahead: its held calls would only wait behind the queue it already has.
+
+The window grows past `fire_ahead_s` when a spike is coming (streams.domain.lookahead): at
+each rescan the ticker counts the FIRE timers due in the next PILE_CAP_MS across its
+partitions, and takes in a spike early enough to decide it at DECIDE_PER_S by its due time.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from schemas import codec, names
+from streams.domain import lookahead
 from streams.domain.timer import TimerKind, kind_of
-from streams.engine.faust_store import first_timer_after, first_timer_key
+from streams.engine.faust_store import fire_dues, first_timer_after, first_timer_key
 
 if TYPE_CHECKING:
     from streams.app import Engine
@@ -41,6 +46,13 @@ AHEAD_EVERY_S = 0.25
 # Behind: more attempts than this waiting for an executor slot, or a partition with more
 # due than its last tick could fire.
 BEHIND_BACKLOG = 256
+# The window grows for a spike due within this long (and never past the setting's cap).
+PILE_CAP_MS = 5000
+# Timers counted per partition and rescan: 0.25 us a key, ~2 ms a partition at most.
+PILE_SCAN = 8192
+# The deciding rate a grown window assumes: one worker decided a 20,000 burst at ~XXX/s
+# (bench burst); lower starts a spike earlier, which costs only memory for held calls.
+DECIDE_PER_S = 6000
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -51,6 +63,8 @@ class Ticker:
     def __init__(self, *, engine: Engine) -> None:
         self._engine = engine
         self._ahead_ms = int(engine.settings.fire_ahead_s * 1000)
+        # The window in force: _ahead_ms, or longer while a spike is coming.
+        self._lookahead_ms = self._ahead_ms
         self._next: dict[int, int | None] = {}
         # Fire-ahead, per partition: every eligible timer due by `_decided` was decided;
         # `_early` is the first timer due after that; `_window` the end of the window the
@@ -139,6 +153,21 @@ class Ticker:
                 self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
                 if self._ahead_ms:
                     self._early[p] = self._first_undecided(p)
+        if self._ahead_ms:
+            with contextlib.suppress(Exception):
+                self._lookahead_ms = self._sized_window(owned)
+
+    def _sized_window(self, owned: frozenset[int]) -> int:
+        """The window for what is coming: longer than _ahead_ms only for a spike."""
+        now, base = self._engine.clock.now_ms(), self._ahead_ms
+        if base >= PILE_CAP_MS:
+            return base
+        dues: list[int] = []
+        for p in owned:
+            dues += fire_dues(self._engine.timers, p, now + base, now + PILE_CAP_MS, PILE_SCAN)
+        return lookahead.window_ms(dues, now_ms=now, base_ms=base, cap_ms=PILE_CAP_MS,
+                                   decide_per_s=DECIDE_PER_S,
+                                   slack=int(DECIDE_PER_S * base / 1000))
 
     def _forget(self, p: int) -> None:
         """A partition no longer owned: its next owner keeps its own books."""
@@ -189,17 +218,18 @@ class Ticker:
         due = self._next.get(p)
         if due is not None:
             waits.append(due - now)
-        early = self._early.get(p) if self._window_ms() else None
+        window = self._window_ms()
+        early = self._early.get(p) if window else None
         if early is not None:
             spacing = (self._early_sent.get(p, -AHEAD_EVERY_S) + AHEAD_EVERY_S - mono) * 1000
-            waits.append(max(early - self._ahead_ms - now, spacing))
+            waits.append(max(early - window - now, spacing))
         return min(waits) if waits else None
 
     def _window_ms(self) -> int:
         if not self._ahead_ms or self._more or (
                 self._engine.executor.backlog > BEHIND_BACKLOG):
             return 0
-        return self._ahead_ms
+        return self._lookahead_ms
 
     async def _send_tick(self, partition: int, now_ms: int) -> None:
         window = self._window_ms()

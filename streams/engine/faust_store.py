@@ -13,7 +13,7 @@ from collections.abc import Generator
 from typing import Any
 
 from schemas import codec
-from streams.domain.timer import due_prefix_upper_bound
+from streams.domain.timer import TimerKind, due_prefix_upper_bound, kind_of
 from streams.engine.store import TERMINAL, Record, copy_record
 
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
@@ -44,6 +44,24 @@ def first_timer_after(table: Any, partition: int, after_ms: int) -> bytes | None
     for key, _ in scan_range(table, partition, lower, b"\xff" * 16):
         return key
     return None
+
+
+def fire_dues(table: Any, partition: int, after_ms: int, until_ms: int,
+              limit: int) -> list[int]:
+    """Due times of the FIRE timers due in (after_ms, until_ms], at most `limit`. Keys
+    only: a spike's thousands of timers are counted, not read."""
+    it = partition_db(table, partition).iter()
+    it.seek(due_prefix_upper_bound(after_ms))
+    upper = due_prefix_upper_bound(until_ms)
+    dues: list[int] = []
+    while it.valid() and len(dues) < limit:
+        key = bytes(it.key())
+        if key >= upper:
+            break
+        if key != FAUST_OFFSET_KEY and kind_of(key) == TimerKind.FIRE:
+            dues.append(int.from_bytes(key[:8], "big"))
+        it.next()
+    return dues
 
 
 def scan(table: Any, partition: int, *, upper: bytes | None = None,

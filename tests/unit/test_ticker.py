@@ -270,3 +270,36 @@ def test_a_tick_applied_here_that_leaves_more_due_is_followed_at_once(
         t._task.cancel()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(("spike", "decided_at"), [(400, 10_000), (300, 11_000)])
+def test_a_spike_grows_the_window_to_be_decided_by_its_due_time(
+        monkeypatch: pytest.MonkeyPatch, spike: int, decided_at: int) -> None:
+    """A 0.5 s window and `spike` one-offs due at 14,000. Deciding at 100/s with 50 left to
+    the base window, 400 need 3.5 s + 0.5 s: decided at once (10,000, 4 s ahead); 300
+    need 2.5 s + 0.5 s: decided at 11,000, not before."""
+    engine = AheadEngine(local=True, fire_ahead_s=0.5)
+    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
+    monkeypatch.setattr(ticker_mod, "first_timer_after",
+                        lambda table, p, after: engine.first(after))
+    monkeypatch.setattr(ticker_mod, "fire_dues", lambda table, p, after, until, limit: [
+        d for d in (int.from_bytes(k[:8], "big") for k in engine.keys) if after < d <= until])
+    monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.005)
+    monkeypatch.setattr(ticker_mod, "DECIDE_PER_S", 100)
+
+    async def run() -> None:
+        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        engine.keys = [_key(14_000, eligible=True)] * spike
+        t.start()
+        while engine.keys and engine.clock.now_ms() < 14_000:
+            for _ in range(20):
+                await asyncio.sleep(0.005)
+            if engine.keys:
+                engine.clock.advance(0.5)
+        assert engine.keys == []
+        assert engine.sent == [decided_at]
+        assert engine.windows == [14_000 - decided_at]
+        assert t._task is not None
+        t._task.cancel()
+
+    asyncio.run(run())

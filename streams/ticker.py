@@ -47,12 +47,14 @@ AHEAD_EVERY_S = 0.25
 # due than its last tick could fire.
 BEHIND_BACKLOG = 256
 # The window grows for a spike due within this long (and never past the setting's cap).
-PILE_CAP_MS = 5000
+PILE_CAP_MS = 8000
 # Timers counted per partition and rescan: 0.25 us a key, ~2 ms a partition at most.
 PILE_SCAN = 8192
-# The deciding rate a grown window assumes: one worker decided a 20,000 burst at ~XXX/s
-# (bench burst); lower starts a spike earlier, which costs only memory for held calls.
-DECIDE_PER_S = 6000
+# The deciding rate a grown window assumes. One worker decided a burst of 20,000 at
+# ~4,300/s with nothing else running (bench burst, ticks logged): assuming 6,000/s left a
+# quarter of it to decide after its due second. Lower starts a spike earlier, which costs
+# only memory for the held calls.
+DECIDE_PER_S = 3500
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -153,21 +155,24 @@ class Ticker:
                 self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
                 if self._ahead_ms:
                     self._early[p] = self._first_undecided(p)
-        if self._ahead_ms:
+        if self._ahead_ms and self._ahead_ms < PILE_CAP_MS:
             with contextlib.suppress(Exception):
-                self._lookahead_ms = self._sized_window(owned)
+                self._size_window(owned)
 
-    def _sized_window(self, owned: frozenset[int]) -> int:
+    def _size_window(self, owned: frozenset[int]) -> None:
         """The window for what is coming: longer than _ahead_ms only for a spike."""
         now, base = self._engine.clock.now_ms(), self._ahead_ms
-        if base >= PILE_CAP_MS:
-            return base
         dues: list[int] = []
         for p in owned:
             dues += fire_dues(self._engine.timers, p, now + base, now + PILE_CAP_MS, PILE_SCAN)
-        return lookahead.window_ms(dues, now_ms=now, base_ms=base, cap_ms=PILE_CAP_MS,
-                                   decide_per_s=DECIDE_PER_S,
-                                   slack=int(DECIDE_PER_S * base / 1000))
+        window = lookahead.window_ms(dues, now_ms=now, base_ms=base, cap_ms=PILE_CAP_MS,
+                                     decide_per_s=DECIDE_PER_S,
+                                     slack=int(DECIDE_PER_S * base / 1000))
+        if window != self._lookahead_ms:
+            log.info("fire-ahead window %d ms", window,
+                     extra={"window_ms": window, "coming": len(dues),
+                            "worker": self._engine.settings.worker_id})
+        self._lookahead_ms = window
 
     def _forget(self, p: int) -> None:
         """A partition no longer owned: its next owner keeps its own books."""

@@ -7,6 +7,7 @@ Time is a ManualClock; the batcher's own polls are real but short (DEFER_POLL_S)
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from kron.clock import ManualClock
@@ -209,3 +210,31 @@ async def test_batches_for_owned_partitions_are_applied_here_and_the_rest_sent()
     await b.stop()
     assert applied == [(0, ["e0", "e2"])] and sink.sent == [(1, ["e1", "e3"])]
     assert (b.applied, b.batches, b.results) == (1, 2, 4)
+
+
+async def test_the_calls_get_a_turn_between_batches_applied_here() -> None:
+    """Applying a batch here runs without suspending; a flush of many batches must still
+    let the event loop's other tasks (the executor's runners) run between them."""
+    sink, clock = Sink(), ManualClock()
+    turns = 0
+    seen: list[int] = []
+
+    async def apply(partition: int, record: dict[str, Any]) -> bool:
+        seen.append(turns)
+        return True
+
+    async def runner() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    b = ResultBatcher(send=sink, clock=clock, worker_id="w", apply=apply, max_batch=2)
+    for n in range(8):
+        b.add(0, item(f"e{n}"))
+    task = asyncio.ensure_future(runner())
+    await asyncio.sleep(0)
+    await b.stop()  # flushes what is pending: four batches
+    task.cancel()
+    assert len(seen) == 4
+    assert all(later > earlier for earlier, later in itertools.pairwise(seen)), seen

@@ -18,11 +18,13 @@ nothing ahead: its held calls would only wait behind the queue it already has.
 The window grows past `fire_ahead_s` when a spike is coming (streams.domain.lookahead): at
 each rescan the ticker counts the FIRE timers due in the next PILE_CAP_MS across its
 partitions, and takes in a spike early enough to decide it at DECIDE_PER_S by its due time.
+A worker already making calls at half that rate keeps the base window.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
@@ -55,6 +57,8 @@ PILE_SCAN = 8192
 # quarter of it to decide after its due second. Lower starts a spike earlier, which costs
 # only memory for the held calls.
 DECIDE_PER_S = 3500
+# The calls-a-second rate that tells a stream from a spike is averaged over this long.
+STREAM_S = 5.0
 
 
 def _due_of(key: bytes | None) -> int | None:
@@ -67,6 +71,7 @@ class Ticker:
         self._ahead_ms = int(engine.settings.fire_ahead_s * 1000)
         # The window in force: _ahead_ms, or longer while a spike is coming.
         self._lookahead_ms = self._ahead_ms
+        self._calls: collections.deque[tuple[float, int]] = collections.deque()
         self._next: dict[int, int | None] = {}
         # Fire-ahead, per partition: every eligible timer due by `_decided` was decided;
         # `_early` is the first timer due after that; `_window` the end of the window the
@@ -159,15 +164,28 @@ class Ticker:
             with contextlib.suppress(Exception):
                 self._size_window(owned)
 
+    def _calls_per_s(self) -> float:
+        """Calls the executor finished a second over the last STREAM_S."""
+        mono, done = self._engine.clock.monotonic(), self._engine.executor.completed
+        if not self._calls or mono > self._calls[-1][0]:
+            self._calls.append((mono, done))
+        while len(self._calls) > 2 and mono - self._calls[1][0] >= STREAM_S:
+            self._calls.popleft()
+        first_mono, first_done = self._calls[0]
+        return (done - first_done) / (mono - first_mono) if mono > first_mono else 0.0
+
     def _size_window(self, owned: frozenset[int]) -> None:
         """The window for what is coming: longer than _ahead_ms only for a spike."""
         now, base = self._engine.clock.now_ms(), self._ahead_ms
+        calls = self._calls_per_s()
         dues: list[int] = []
-        for p in owned:
-            dues += fire_dues(self._engine.timers, p, now + base, now + PILE_CAP_MS, PILE_SCAN)
+        if not lookahead.carrying_stream(calls, DECIDE_PER_S):  # else no need to count
+            for p in owned:
+                dues += fire_dues(self._engine.timers, p, now + base, now + PILE_CAP_MS,
+                                  PILE_SCAN)
         window = lookahead.window_ms(dues, now_ms=now, base_ms=base, cap_ms=PILE_CAP_MS,
                                      decide_per_s=DECIDE_PER_S,
-                                     slack=int(DECIDE_PER_S * base / 1000))
+                                     slack=int(DECIDE_PER_S * base / 1000), calls_per_s=calls)
         if window != self._lookahead_ms:
             log.info("fire-ahead window %d ms", window,
                      extra={"window_ms": window, "coming": len(dues),

@@ -16,9 +16,9 @@ rate_st = st.integers(100, 20_000)
 slack_st = st.integers(0, 500)
 
 
-def _window(dues: list[int], rate: int, slack: int) -> int:
+def _window(dues: list[int], rate: int, slack: int, calls: float = 0.0) -> int:
     return window_ms(dues, now_ms=NOW, base_ms=BASE, cap_ms=CAP, decide_per_s=rate,
-                     slack=slack)
+                     slack=slack, calls_per_s=calls)
 
 
 @given(dues_st, rate_st, slack_st)
@@ -56,3 +56,12 @@ def test_a_twenty_thousand_spike_starts_in_time_to_be_decided_by_its_second() ->
     spike = [NOW + 3_000] * 20_000
     assert _window(spike, 6_000, 3_000) == 3_000  # 17,000 at 6,000/s: 2.8 s + 0.5 s
     assert _window([d + 500 for d in spike], 6_000, 3_000) == BASE  # 3.5 s away: later
+
+
+@given(dues_st, rate_st, slack_st, st.floats(0, 1))
+def test_a_worker_carrying_a_stream_keeps_the_base_window(
+        dues: list[int], rate: int, slack: int, share: float) -> None:
+    """From half the deciding rate in calls a second, any pile is the stream itself."""
+    assert _window(dues, rate, slack, calls=rate * (0.5 + share)) == BASE
+    spike = [NOW + BASE + 1] * (slack + rate)  # taken in by a worker not carrying one
+    assert _window(spike, rate, slack, calls=rate * 0.49) > BASE

@@ -88,7 +88,7 @@ class AheadEngine:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
         self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=fire_ahead_s)
         self.local = local
-        self.executor = SimpleNamespace(backlog=0)
+        self.executor = SimpleNamespace(backlog=0, completed=0)
         self.timers = object()
         self.keys: list[bytes] = []
         self.sent: list[int] = []
@@ -272,12 +272,15 @@ def test_a_tick_applied_here_that_leaves_more_due_is_followed_at_once(
     asyncio.run(run())
 
 
-@pytest.mark.parametrize(("spike", "decided_at"), [(400, 10_000), (300, 11_000)])
+@pytest.mark.parametrize(("spike", "calls_per_s", "decided_after"),
+                         [(400, 0, 0), (300, 0, 1_000), (400, 50, 3_500)])
 def test_a_spike_grows_the_window_to_be_decided_by_its_due_time(
-        monkeypatch: pytest.MonkeyPatch, spike: int, decided_at: int) -> None:
-    """A 0.5 s window and `spike` one-offs due at 14,000. Deciding at 100/s with 50 left to
-    the base window, 400 need 3.5 s + 0.5 s: decided at once (10,000, 4 s ahead); 300
-    need 2.5 s + 0.5 s: decided at 11,000, not before."""
+        monkeypatch: pytest.MonkeyPatch, spike: int, calls_per_s: int,
+        decided_after: int) -> None:
+    """A 0.5 s window and `spike` one-offs due 4 s after they are written. Deciding at
+    100/s with 50 left to the base window, 400 need 3.5 s + 0.5 s: decided at once; 300
+    need 2.5 s + 0.5 s: decided 1 s later, not before. A worker that has been making 50
+    calls a second (half the deciding rate) is carrying a stream: the base window."""
     engine = AheadEngine(local=True, fire_ahead_s=0.5)
     monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
     monkeypatch.setattr(ticker_mod, "first_timer_after",
@@ -287,18 +290,25 @@ def test_a_spike_grows_the_window_to_be_decided_by_its_due_time(
     monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.005)
     monkeypatch.setattr(ticker_mod, "DECIDE_PER_S", 100)
 
+    async def turn(s: float) -> None:
+        for _ in range(20):
+            await asyncio.sleep(0.005)
+        engine.clock.advance(s)
+        engine.executor.completed += int(calls_per_s * s)
+
     async def run() -> None:
         t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
-        engine.keys = [_key(14_000, eligible=True)] * spike
         t.start()
-        while engine.keys and engine.clock.now_ms() < 14_000:
-            for _ in range(20):
-                await asyncio.sleep(0.005)
-            if engine.keys:
-                engine.clock.advance(0.5)
+        for _ in range(12):  # 6 s of calls (or none) before the spike is written
+            await turn(0.5)
+        written = engine.clock.now_ms()
+        due = written + 4_000
+        engine.keys = [_key(due, eligible=True)] * spike
+        while engine.keys and engine.clock.now_ms() < due:
+            await turn(0.5)
         assert engine.keys == []
-        assert engine.sent == [decided_at]
-        assert engine.windows == [14_000 - decided_at]
+        assert engine.sent == [written + decided_after]
+        assert engine.windows == [4_000 - decided_after]
         assert t._task is not None
         t._task.cancel()
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from schemas import codec, names
 from streams.domain import lookahead
-from streams.domain.timer import TimerKind, kind_of
+from streams.domain.timer import TimerKind, due_of, kind_of
 from streams.engine.faust_store import fire_dues, first_timer_after, first_timer_key
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ AHEAD_EVERY_S = 0.25
 # Behind: more attempts than this waiting for an executor slot, or a partition with more
 # due than its last tick could fire.
 BEHIND_BACKLOG = 256
-# The window grows for a spike due within this long (and never past the setting's cap).
+# The window grows for a spike due within this long, and never past it.
 PILE_CAP_MS = 8000
 # Timers counted per partition and rescan: 0.25 us a key, ~2 ms a partition at most.
 PILE_SCAN = 8192
@@ -62,7 +62,7 @@ STREAM_S = 5.0
 
 
 def _due_of(key: bytes | None) -> int | None:
-    return None if key is None else int.from_bytes(key[:8], "big")
+    return None if key is None else due_of(key)
 
 
 class Ticker:
@@ -177,15 +177,16 @@ class Ticker:
     def _size_window(self, owned: frozenset[int]) -> None:
         """The window for what is coming: longer than _ahead_ms only for a spike."""
         now, base = self._engine.clock.now_ms(), self._ahead_ms
-        calls = self._calls_per_s()
         dues: list[int] = []
-        if not lookahead.carrying_stream(calls, DECIDE_PER_S):  # else no need to count
+        if lookahead.carrying_stream(self._calls_per_s(), DECIDE_PER_S):
+            window = base  # nothing to count: its piles are the stream itself
+        else:
             for p in owned:
                 dues += fire_dues(self._engine.timers, p, now + base, now + PILE_CAP_MS,
                                   PILE_SCAN)
-        window = lookahead.window_ms(dues, now_ms=now, base_ms=base, cap_ms=PILE_CAP_MS,
-                                     decide_per_s=DECIDE_PER_S,
-                                     slack=int(DECIDE_PER_S * base / 1000), calls_per_s=calls)
+            window = lookahead.window_ms(dues, now_ms=now, base_ms=base, cap_ms=PILE_CAP_MS,
+                                         decide_per_s=DECIDE_PER_S,
+                                         slack=int(DECIDE_PER_S * base / 1000))
         if window != self._lookahead_ms:
             log.info("fire-ahead window %d ms", window,
                      extra={"window_ms": window, "coming": len(dues),

@@ -14,22 +14,18 @@ from collections.abc import Iterable
 
 
 def carrying_stream(calls_per_s: float, decide_per_s: float) -> bool:
-    """A worker making calls at half the deciding rate or more is carrying a stream."""
+    """A worker making calls (a second, lately) at half the deciding rate or more is
+    carrying a stream, not waiting for a spike: to window_ms that stream looks like a pile
+    that never ends, and deciding it further ahead only moves its work (a kafka 5,000/s
+    bench degraded with the window grown to its cap). It keeps the base window."""
     return calls_per_s >= decide_per_s / 2
 
 
 def window_ms(dues: Iterable[int], *, now_ms: int, base_ms: int, cap_ms: int,
-              decide_per_s: float, slack: int, calls_per_s: float = 0.0) -> int:
+              decide_per_s: float, slack: int) -> int:
     """The window, in [base_ms, cap_ms], for the undecided timers due at `dues` (due
-    times past now + base_ms, in any order). `slack` timers are left to the base window.
-
-    `calls_per_s`: the calls the worker made a second lately. From half the deciding rate
-    on it is carrying a stream, not waiting for a spike: that stream looks like a pile
-    that never ends, and deciding it further ahead only moves its work (a kafka 5,000/s
-    bench degraded with the window grown to its cap)."""
+    times past now + base_ms, in any order). `slack` timers are left to the base window."""
     window = base_ms
-    if carrying_stream(calls_per_s, decide_per_s):
-        return window
     for pending, due in enumerate(sorted(dues), start=1):
         ahead = due - now_ms
         if ahead > cap_ms:

@@ -68,6 +68,11 @@ def kind_of(key: bytes) -> int:
     return key[_DUE_BYTES]
 
 
+def due_of(key: bytes) -> int:
+    """A timer key's due time, without decoding the rest."""
+    return int.from_bytes(key[:_DUE_BYTES], "big")
+
+
 def due_prefix_upper_bound(now_ms: int) -> bytes:
     """Exclusive upper bound of a scan for every key with ``due_ms <= now_ms``."""
     if now_ms < 0:

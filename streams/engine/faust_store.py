@@ -13,7 +13,7 @@ from collections.abc import Generator
 from typing import Any
 
 from schemas import codec
-from streams.domain.timer import TimerKind, due_prefix_upper_bound, kind_of
+from streams.domain.timer import TimerKind, due_of, due_prefix_upper_bound, kind_of
 from streams.engine.store import TERMINAL, Record, copy_record
 
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
@@ -59,7 +59,7 @@ def fire_dues(table: Any, partition: int, after_ms: int, until_ms: int,
         if key >= upper:
             break
         if key != FAUST_OFFSET_KEY and kind_of(key) == TimerKind.FIRE:
-            dues.append(int.from_bytes(key[:8], "big"))
+            dues.append(due_of(key))
         it.next()
     return dues
 

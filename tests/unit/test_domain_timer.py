@@ -8,8 +8,10 @@ from streams.domain.timer import (
     TimerKey,
     TimerKind,
     decode_timer_key,
+    due_of,
     due_prefix_upper_bound,
     encode_timer_key,
+    kind_of,
 )
 
 no_nul_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
@@ -33,6 +35,11 @@ def as_tuple(k: TimerKey) -> tuple[int, int, str, str]:
 @given(keys)
 def test_roundtrip(k: TimerKey) -> None:
     assert decode_timer_key(enc(k)) == k
+
+
+@given(keys)
+def test_due_and_kind_read_without_decoding(k: TimerKey) -> None:
+    assert (due_of(enc(k)), kind_of(enc(k))) == (k.due_ms, k.kind)
 
 
 @given(keys, keys)

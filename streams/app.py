@@ -250,6 +250,7 @@ class Engine:
             "gc_collections": self.collector.collections, "gc_forced": self.collector.forced,
             "result_batches_applied_here": self.results.applied,
             "changelog_writes": self.changelog.writes, "fenced": self.executor.fenced,
+            "paused": self.executor.paused,
             "changelog_gaps_filled": sum(t.gaps_filled
                                          for t in (self.jobs, self.executions, self.timers)),
             "skipped_records": self.commit_guard.holes, **st.lag_summary(),

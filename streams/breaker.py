@@ -49,3 +49,8 @@ class CircuitBreaker:
 
     def is_open(self, host: str) -> bool:
         return host in self._open_until
+
+    def closes_in_s(self, host: str) -> float:
+        """How long dispatch to the host stays paused; 0 when it is not."""
+        until = self._open_until.get(host)
+        return 0.0 if until is None else max(0.0, until - self._clock.monotonic())

@@ -126,6 +126,7 @@ class Executor:
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
         self.fenced = 0
+        self.paused = 0  # attempts held back by an open circuit, each time
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._concurrency)]
@@ -152,11 +153,15 @@ class Executor:
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job)
             return
-        heapq.heappush(self._held, (mono + hold_s, next(self._held_seq), job))
-        self._held_ids[dispatch.exec_id] = job
+        self._hold(job, mono + hold_s)
         if self._before_dispatch is not None:
             self._unconfirmed.append(job)
             self._confirm.set()
+
+    def _hold(self, job: Job, release: float) -> None:
+        """Queue the attempt at `release` (monotonic), not before; a cancel drops it."""
+        heapq.heappush(self._held, (release, next(self._held_seq), job))
+        self._held_ids[job.dispatch.exec_id] = job
         if self._held[0][2] is job:
             self._schedule_release()
 
@@ -211,7 +216,8 @@ class Executor:
 
     @property
     def held(self) -> int:
-        """Attempts decided ahead, waiting for their due time."""
+        """Attempts waiting here for a time: decided ahead (their due time) or paused by
+        an open circuit (its end)."""
         return len(self._held_ids)
 
     async def _loop(self) -> None:
@@ -252,19 +258,37 @@ class Executor:
         target = d.target
         host = (urlsplit(target["url"]).hostname or "") if "url" in target else ""
         if host and not self.breaker.allow(host):
-            outcome = Outcome(ok=False, error_class=ErrorClass.TRANSIENT,
-                              error=f"circuit open for {host}: dispatch paused")
-        else:
-            outcome = await self._attempt(job, started)
-            if host:
-                opened = self.breaker.record(host, ok=outcome.ok or
-                                             outcome.error_class == ErrorClass.PERMANENT)
-                if opened is not None:
-                    await self._report(job.partition, "kron.engine.CircuitOpened", opened)
+            await self._pause(job, self.breaker.closes_in_s(host))
+            return
+        outcome = await self._attempt(job, started)
+        if host:
+            opened = self.breaker.record(host, ok=outcome.ok or
+                                         outcome.error_class == ErrorClass.PERMANENT)
+            if opened is not None:
+                await self._report(job.partition, "kron.engine.CircuitOpened", opened)
         may_wait = outcome.ok and d.result_may_wait and d.lease_until_ms > 0
         await self._report(job.partition, *self._result(d, outcome, started),
                            wait_until_lease_ms=d.lease_until_ms if may_wait else None)
         self.completed += 1
+
+    async def _pause(self, job: Job, wait_s: float) -> None:
+        """The host's circuit is open: hold the attempt until it half-opens, then call it.
+        Not a failure: no call was made, so it spends none of the job's attempts (failing
+        it fast burnt a job's three attempts within the 30 s and left it `failed` while the
+        host was back). A pause the lease would not outlast extends it first, so the owner
+        does not retry what this process still holds."""
+        self.paused += 1
+        release = self._clock.monotonic() + wait_s
+        d = job.dispatch
+        if release + d.lease_s / 3 > job.lease_deadline:
+            now = self._clock.now_ms()
+            job.lease_deadline = release + d.lease_s
+            await self._report(job.partition, "kron.executions.ExecutionHeartbeat", {
+                **self._base(d, "execution.heartbeat", now),
+                "attempt": d.attempt, "fencing_token": d.fencing_token,
+                "lease_until_ms": now + int((wait_s + d.lease_s) * 1000),
+            })
+        self._hold(job, release)
 
     async def _attempt(self, job: Job, started_ms: int) -> Outcome:
         d = job.dispatch

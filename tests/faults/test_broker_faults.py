@@ -131,7 +131,7 @@ def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> Non
                 late = [min(h.received_ms for h in hs) - slot_of(hs[0])
                         for j in acked if (hs := rcv.hits_for(j))]
                 logs = fleet.logs()
-                trail = _trace(settings, pending) if pending else ""
+                trail = _trace(settings, pending, fleet) + _hits_per_s(rcv) if pending else ""
             finally:
                 api.stop()
         commands.close()
@@ -181,26 +181,55 @@ def test_three_nodes_partition_leader_killed(tmp_path, reliability) -> None:
     run_scenario(tmp_path, 3, faults, reliability, "broker leader kill (3 nodes)")
 
 
-def _trace(settings, job_ids: set[str]) -> str:
-    """Where each lost job got to: the command, the job's state, its executions, a dead
-    letter. Tells a lost command from lost engine writes."""
+def _trace(settings, job_ids: set[str], fleet: Fleet) -> str:
+    """Where each lost job got to: the command, the job's state, its executions (with their
+    errors), its timers, a dead letter, and the workers' log lines naming it. Tells a lost
+    command from lost engine writes, and a call that failed from one never made."""
     from replay.reader import read_topic
+    from streams.domain.timer import decode_timer_key
 
     found: dict[str, list[str]] = {j: [] for j in job_ids}
-    for name in ("commands", "jobs", "executions", "dead-letters"):
+    exec_ids: set[str] = set()
+    for name in ("commands", "jobs", "executions", "timers", "dead-letters"):
         try:
             for e in read_topic(settings.bootstrap_servers, settings.topic(name), timeout_s=10,
                                 fenced=False):
                 rec = e.record or {}
-                j = rec.get("job_id") or (e.key or b"").decode(errors="replace")
-                if j in found:
+                if name == "timers":
+                    try:
+                        t = decode_timer_key(e.key or b"")
+                    except ValueError:
+                        continue
+                    j = t.job_id
+                    what = f"{t.kind.name} due={t.due_ms} ref={t.ref} " + \
+                        ("deleted" if e.name is None else "put")
+                else:
+                    j = rec.get("job_id") or (e.key or b"").decode(errors="replace")
                     what = (rec.get("envelope") or {}).get("event_type") or e.name
+                    what = " ".join(str(x) for x in (
+                        what, rec.get("status") or rec.get("state") or "",
+                        *(f"{k}={rec[k]}" for k in ("attempt", "worker", "last_error", "reason")
+                          if rec.get(k) not in (None, ""))))
+                if j in found:
+                    if rec.get("exec_id"):
+                        exec_ids.add(rec["exec_id"])
                     found[j].append(f"{name}[{e.partition}]@{e.offset} {what} "
-                                    f"{rec.get('status') or rec.get('state') or ''} "
                                     f"epoch={e.epoch} ts={e.timestamp_ms}")
         except Exception as exc:  # a diagnostic must not hide the assertion
             found.setdefault("_errors", []).append(f"{name}: {exc}")
-    return "\n".join([*(f"{j}: {v}" for j, v in found.items()), _offsets(settings)])
+    lines = [line for w in fleet.workers.values() for line in w.log().splitlines()
+             if any(i in line for i in (*job_ids, *exec_ids)) or "circuit" in line]
+    return "\n".join([*(f"{j}: {v}" for j, v in found.items()), _offsets(settings),
+                      "worker log lines naming them:", *lines[-60:]])
+
+
+def _hits_per_s(rcv: FaultReceiver) -> str:
+    """Calls the receiver took, per second of the run: a gap tells a stalled receiver (or
+    a connection that never reached it) from a worker that made no call."""
+    per_s: dict[int, int] = {}
+    for h in list(rcv.hits):
+        per_s[h.received_ms // 1000] = per_s.get(h.received_ms // 1000, 0) + 1
+    return "\nreceiver hits per second: " + " ".join(f"{t}:{n}" for t, n in sorted(per_s.items()))
 
 
 def _offsets(settings) -> str:

@@ -19,7 +19,8 @@ from streams.domain.ids import exec_id
 from streams.domain.timer import TimerKind, decode_timer_key
 from streams.engine.core import Context, Dispatch, PartitionCore
 from streams.engine.store import MemoryStore, Record
-from tests.unit.test_core_scenarios import SEC, Partition, dispatches, utc
+from tests.support.stack import spec
+from tests.unit.test_core_scenarios import SEC, TARGET, Partition, dispatches, utc
 
 T0 = utc(2026, 5, 4, 12, 0, 0)
 
@@ -213,3 +214,56 @@ def test_catch_up_fires_torn_together_keep_every_slot() -> None:
         store = _survivor(before, writes, keep)
         _run_next_owner(store, crash_at + 1, slots[-1] + 500)
         _assert_cron_kept(store, slots, keep)
+
+
+def _torn_create(job_id: str, **spec_fields: Any) -> tuple[MemoryStore, list[Any], Any]:
+    """The writes a create made, the state before them, and a way to send the same command
+    again (same command id, as a redelivery after the owner died uncommitted)."""
+    p = Partition(T0)
+    p.store = Recording()
+    p.core = PartitionCore(p.store)
+    before = copy.deepcopy(p.store)
+    before.__class__ = MemoryStore
+    body = spec(target=TARGET, **spec_fields)
+    p.command("CreateJob", job_id, command_id="create-1", spec=body, idempotency_key=None)
+    assert isinstance(p.store, Recording)
+
+    def redeliver(store: MemoryStore) -> None:
+        q = Partition(T0 + 500)
+        q.store, q.core, q.epoch, q.worker = store, PartitionCore(store), 2, "w2"
+        q.command("CreateJob", job_id, command_id="create-1", spec=body, idempotency_key=None)
+
+    return before, list(p.store.writes), redeliver
+
+
+def test_a_torn_one_off_create_redelivered_runs_it_once() -> None:
+    """The job record kept and its FIRE timer lost (or any other tear): the redelivered
+    create arms it, and it runs once."""
+    run_at = T0 + 3 * SEC
+    before, writes, redeliver = _torn_create("once", run_at_ms=run_at, lease_s=LEASE_S)
+    assert {w[0] for w in writes} == {"jobs", "timers"}
+    for keep in _tears(writes):
+        store = _survivor(before, writes, keep)
+        redeliver(store)
+        _run_next_owner(store, T0 + SEC, run_at + 2 * int(LEASE_S * SEC))
+        ex = store.execution(exec_id("once", run_at))
+        assert ex is not None and ex["state"] == "succeeded", (keep, ex)
+        assert _starts(store, exec_id("once", run_at)) == 1, keep
+
+
+def test_a_torn_cron_create_redelivered_keeps_every_slot() -> None:
+    before, writes, redeliver = _torn_create("cron", cron="*/2 * * * * *", lease_s=LEASE_S)
+    for keep in _tears(writes):
+        store = _survivor(before, writes, keep)
+        redeliver(store)
+        _run_next_owner(store, T0 + SEC, CRON_SLOTS[-1] + 500)
+        _assert_cron_kept(store, CRON_SLOTS, keep)
+
+
+def test_a_repeated_command_on_whole_state_changes_nothing() -> None:
+    """The re-arm puts what is there already: the timer table is the same after it."""
+    before, writes, redeliver = _torn_create("cron", cron="*/2 * * * * *", lease_s=LEASE_S)
+    store = _survivor(before, writes, {"jobs": 9, "executions": 9, "timers": 9})
+    timers, job = dict(store.timers), copy.deepcopy(store.job("cron"))
+    redeliver(store)
+    assert store.timers == timers and store.job("cron") == job

@@ -203,7 +203,14 @@ class PartitionCore:
                 raise PermanentError("the command's tenant does not own this job",
                                      field="envelope.tenant")
             if cmd["command_id"] in job["applied_command_ids"]:
-                self._rearm_fire(job)
+                # Applied before, perhaps only in part: one event's writes reach the jobs
+                # and timers changelogs independently, and an owner that died or lost the
+                # partition between them can leave the job record without its timers
+                # (likely how the broker-restart fault test lost an acknowledged create).
+                # The command comes again (its offset was not committed), and nothing else
+                # would arm the job: put its FIRE timer again (the same key and value, so
+                # state that is whole stays as it is).
+                self._rearm_next(job)
                 return ctx.effects
         if kind == "CreateJob":
             self._create(cmd, job, ctx)
@@ -236,7 +243,7 @@ class PartitionCore:
             same_key = cmd.get("idempotency_key") and (
                 existing.get("idempotency_key") == cmd.get("idempotency_key"))
             if same_key:
-                self._rearm_fire(existing)
+                self._rearm_next(existing)  # as for a repeated command, above
                 return
             raise PermanentError(f"job {cmd['job_id']!r} already exists", field="job_id")
         plan = plan_of(cmd["spec"])
@@ -374,30 +381,11 @@ class PartitionCore:
                 job["status"] = "completed"
             return
         job["next_run_at_ms"] = slot.scheduled_for_ms
-        self._put_fire(job, plan, slot)
-
-    def _put_fire(self, job: Record, plan: JobPlan, slot: Slot) -> None:
         timer: Record = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "v": job["version"]}
         if plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule):
             timer["e"] = 1  # may be decided ahead (fire-ahead); read without the job
-        self.store.put_timer(self._fire_key(job, slot.scheduled_for_ms, plan),
-                             orjson.dumps(timer))
-
-    def _rearm_fire(self, job: Record) -> None:
-        """A command seen again was applied before, perhaps only in part: one event's
-        writes reach the jobs and timers changelogs independently, and a worker that died
-        or lost the partition between them can leave the job record without its FIRE timer
-        (the likeliest reading of an acknowledged create the broker-restart fault test
-        lost). Its command comes again (its offset was not committed), and nothing else
-        would arm the job again, so this puts the timer the job says it has: the same key
-        and value as the first put, a no-op for state that is whole."""
-        nxt = job["next_run_at_ms"]
-        if job["status"] not in ("active", "paused") or nxt is None:
-            return
-        plan = self._plan(job)
-        slot = self._slot_from(plan, nxt)
-        if slot is not None and slot.scheduled_for_ms == nxt:
-            self._put_fire(job, plan, slot)
+        value = orjson.dumps(timer)
+        self.store.put_timer(self._fire_key(job, slot.scheduled_for_ms, plan), value)
 
     def _disarm(self, job: Record) -> None:
         if job["next_run_at_ms"] is not None:

@@ -267,3 +267,32 @@ def test_a_repeated_command_on_whole_state_changes_nothing() -> None:
     timers, job = dict(store.timers), copy.deepcopy(store.job("cron"))
     redeliver(store)
     assert store.timers == timers and store.job("cron") == job
+
+
+def test_a_torn_update_redelivered_keeps_every_slot() -> None:
+    """An update that re-arms the same next slot (new target, same schedule): its delete of
+    the old FIRE timer and its put of the new one are the same key, so a tear can leave the
+    job at version 2 with no timer at all. The redelivered update arms it again. (Created
+    after T0's slot, so the update has no overdue slot to settle first.)"""
+    p = Partition(T0 + 100)
+    p.store = Recording()
+    p.core = PartitionCore(p.store)
+    p.create("cron", cron="*/2 * * * * *", lease_s=LEASE_S)
+    p.now = T0 + 500
+    before = copy.deepcopy(p.store)
+    before.__class__ = MemoryStore
+    p.store.writes.clear()
+    body = spec(target={"url": "http://target.invalid/v2"}, cron="*/2 * * * * *",
+                lease_s=LEASE_S)
+    p.command("UpdateJob", "cron", command_id="update-1", spec=body)
+    writes = list(p.store.writes)
+    assert {w[0] for w in writes} == {"jobs", "timers"}
+    for keep in _tears(writes):
+        store = _survivor(before, writes, keep)
+        q = Partition(T0 + 600)
+        q.store, q.core, q.epoch, q.worker = store, PartitionCore(store), 2, "w2"
+        q.command("UpdateJob", "cron", command_id="update-1", spec=body)
+        _run_next_owner(store, T0 + SEC, CRON_SLOTS[-1] + 500)
+        _assert_cron_kept(store, CRON_SLOTS, keep)
+        job = store.job("cron")
+        assert job is not None and job["version"] == 2, keep

@@ -281,13 +281,8 @@ class Executor:
         release = self._clock.monotonic() + wait_s
         d = job.dispatch
         if release + d.lease_s / 3 > job.lease_deadline:
-            now = self._clock.now_ms()
             job.lease_deadline = release + d.lease_s
-            await self._report(job.partition, "kron.executions.ExecutionHeartbeat", {
-                **self._base(d, "execution.heartbeat", now),
-                "attempt": d.attempt, "fencing_token": d.fencing_token,
-                "lease_until_ms": now + int((wait_s + d.lease_s) * 1000),
-            })
+            await self._beat(job, wait_s + d.lease_s)
         self._hold(job, release)
 
     async def _attempt(self, job: Job, started_ms: int) -> Outcome:
@@ -324,14 +319,18 @@ class Executor:
         """Long attempts extend their lease at a third of its length."""
         d = job.dispatch
         while True:
-            now = self._clock.now_ms()
             job.lease_deadline = self._clock.monotonic() + d.lease_s
-            await self._report(job.partition, "kron.executions.ExecutionHeartbeat", {
-                **self._base(d, "execution.heartbeat", now),
-                "attempt": d.attempt, "fencing_token": d.fencing_token,
-                "lease_until_ms": now + int(d.lease_s * 1000),
-            })
+            await self._beat(job, d.lease_s)
             await asyncio.sleep(d.lease_s / 3)
+
+    async def _beat(self, job: Job, lease_s: float) -> None:
+        """Tell the owner the attempt is still ours, its lease running `lease_s` from now."""
+        d, now = job.dispatch, self._clock.now_ms()
+        await self._report(job.partition, "kron.executions.ExecutionHeartbeat", {
+            **self._base(d, "execution.heartbeat", now),
+            "attempt": d.attempt, "fencing_token": d.fencing_token,
+            "lease_until_ms": now + int(lease_s * 1000),
+        })
 
     def _base(self, d: Dispatch, event_type: str, now_ms: int) -> dict[str, Any]:
         return {

@@ -6,6 +6,7 @@ false 201, never a 500); workers resume without manual action."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import random
 import shutil
@@ -226,9 +227,7 @@ def _trace(settings, job_ids: set[str], fleet: Fleet) -> str:
 def _hits_per_s(rcv: FaultReceiver) -> str:
     """Calls the receiver took, per second of the run: a gap tells a stalled receiver (or
     a connection that never reached it) from a worker that made no call."""
-    per_s: dict[int, int] = {}
-    for h in list(rcv.hits):
-        per_s[h.received_ms // 1000] = per_s.get(h.received_ms // 1000, 0) + 1
+    per_s = collections.Counter(h.received_ms // 1000 for h in list(rcv.hits))
     return "\nreceiver hits per second: " + " ".join(f"{t}:{n}" for t, n in sorted(per_s.items()))
 
 

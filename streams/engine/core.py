@@ -113,6 +113,9 @@ class Context:
     # due time -> [exec_id, attempt] of the attempts this event decided ahead: one HELD
     # timer per due time, looked at when it falls due (see _hand_over).
     held: dict[int, list[list[str | int]]] = field(default_factory=dict)
+    # FIRE timers a command settled (_settle_overdue): deleted after the event's leases are
+    # written, as a tick deletes what it fired, so a durable delete implies durable leases.
+    settled: list[bytes] = field(default_factory=list)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -193,7 +196,10 @@ class PartitionCore:
     def on_command(self, name: str, cmd: Record, ctx: Context) -> list[Effect]:
         """Apply one command. Raises PermanentError for a command that can never apply."""
         self._on_command(name, cmd, ctx)
-        return self._flush_leases(ctx)
+        self._flush_leases(ctx)
+        for key in ctx.settled:
+            self.store.delete_timer(key)
+        return ctx.effects
 
     def _on_command(self, name: str, cmd: Record, ctx: Context) -> list[Effect]:
         kind = name.rsplit(".", 1)[-1]
@@ -211,12 +217,16 @@ class PartitionCore:
                 # would arm the job: put its FIRE timer again (the same key and value, so
                 # state that is whole stays as it is).
                 self._rearm_next(job)
+                if self._restart_lost_start(job, ctx):
+                    self._save_job(ctx, job, "job.slot_fired")
                 return ctx.effects
         if kind == "CreateJob":
             self._create(cmd, job, ctx)
             return ctx.effects
         if job is None or job["status"] == "deleted":
             raise PermanentError(f"no job {cmd['job_id']!r}", field="job_id")
+        # Before the command changes the spec or prunes `running`; saved with its job write.
+        self._restart_lost_start(job, ctx)
         handler = {
             "UpdateJob": self._update,
             "PauseJob": self._pause,
@@ -324,7 +334,7 @@ class PartitionCore:
             if slot is None or apply_jitter(slot.scheduled_for_ms, jitter_s=old.jitter_s,
                                             job_id=job["job_id"]) > ctx.now_ms:
                 break
-            self.store.delete_timer(self._fire_key(job, slot.scheduled_for_ms, old))
+            ctx.settled.append(self._fire_key(job, slot.scheduled_for_ms, old))
             self._fire_scheduled(job, slot, ctx)
 
     def _delete(self, cmd: Record, job: Record, ctx: Context) -> None:
@@ -599,6 +609,26 @@ class PartitionCore:
             ex = self.store.execution(ex_id)
             if ex is not None:
                 self._rearm(ex, ctx)
+
+    def _restart_lost_start(self, job: Record, ctx: Context) -> bool:
+        """The execution of the job's cursor slot, listed as running but never recorded: the
+        event that started it (an update settling an overdue slot, say) kept its job write
+        and lost its executions write. The decision to run it is in the job record, the spec
+        that made it may not be, so it starts again as decided, under the job's spec now.
+        A read, and nothing more, when state is whole. True if it started one (the caller
+        saves the job)."""
+        cursor = job["cursor_ms"]
+        if cursor is None or job["status"] == "deleted":
+            return False
+        ex_id = exec_id(job["job_id"], cursor)
+        if (ex_id not in job["running"] or self.store.known_terminal(ex_id)
+                or self.store.execution(ex_id) is not None):
+            return False
+        _discard(job["running"], ex_id)
+        self._start_execution(job, self._plan(job), ctx, ex_id=ex_id,
+                              slot=Slot(scheduled_for_ms=cursor, dst_outcome=None),
+                              trigger="schedule")
+        return True
 
     def _rearm_next(self, job: Record) -> None:
         """Put the job's own FIRE timer again (the same key: a no-op if it is there)."""

@@ -310,14 +310,16 @@ def test_a_torn_update_redelivered_keeps_every_slot() -> None:
         assert job is not None and job["version"] == 2, keep
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a torn update loses the overdue slot it "
-                   "settled when its execution write is lost and its job write is not")
 def test_a_torn_update_that_settled_an_overdue_slot_keeps_it() -> None:
     """Created at T0, so T0's slot is overdue when the update comes: the update settles it
-    first (an execution, started), then re-arms. Torn with the job write kept and the
-    execution and timer writes lost, the job's cursor is past T0 with no execution for it;
-    the old version's FIRE timer is still there, and its mend (another version) only
-    re-arms. Fixing it means deciding the slot again, but the spec that owed it is gone."""
+    first (an execution, started), then re-arms. Two tears used to lose that slot:
+
+    - the job write kept and the execution lost: the job's cursor is past T0 and lists its
+      execution as running, and the spec that owed it is replaced. The redelivered command
+      starts it again from the job record (_restart_lost_start), before anything prunes it;
+    - the execution kept and its lease lost, while the delete of T0's FIRE timer landed: a
+      started execution nothing watches. The settled timer is now deleted after the
+      event's leases, as a tick deletes what it fired, so that tear cannot happen."""
     before, writes, redeliver = _torn_update(T0)
     for keep in _tears(writes):
         store = _survivor(before, writes, keep)

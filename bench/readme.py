@@ -213,13 +213,24 @@ def repeats(r: Result) -> str:
     return f" (median of {rep.get('n')} runs by {by}: {values})"
 
 
+def probe(r: Result) -> str:
+    """The host's speed when the run started (bench.results.speed_probe_ms), per run of a
+    --repeat result: lower is faster."""
+    runs = (r.get("repeats") or {}).get("runs") or []
+    values = [run.get("probe_ms") for run in runs] if runs else [
+        (r.get("host") or {}).get("probe_ms_before")]
+    if all(v is None for v in values):
+        return ""
+    return f"; host probe {', '.join(num(v) for v in values)} ms"
+
+
 def row(name: str, r: Result) -> list[str]:
     floor = floor_of(r)
     rss, cpu = (r.get("rss_mb") or {}).values(), (r.get("cpu_s") or {}).values()
     return [name, options(r), num(r.get("executions_per_s")),
             *(num(_lat(r, q)) for q in ("p50", "p95", "p99", "max")),
             num(r.get("lost")), num(r.get("duplicates")), num(max(rss, default=None)),
-            num(round(sum(cpu), 1) if cpu else None), key_figures(r) + repeats(r),
+            num(round(sum(cpu), 1) if cpu else None), key_figures(r) + repeats(r) + probe(r),
             floor.text if floor else "-", verdict(floor, r) if floor else "-"]
 
 

@@ -52,6 +52,7 @@ def run_summary(r: Result) -> Result:
         "lateness_p99_ms": _get(r, "lateness_ms", "p99"),
         "lost": r.get("lost"), "duplicates": r.get("duplicates"),
         "cpu_s": round(sum(cpu.values()), 2) if cpu else None,
+        "probe_ms": _get(r, "host", "probe_ms_before"),
     }
     name, _ = headline(r)
     if name != "lateness_ms.p99":

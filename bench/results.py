@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,27 @@ LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Flags that change only where output goes, not what is measured: left out of `command`.
 OUTPUT_FLAGS = {"--json", "--progress", "--save"}
 OUTPUT_VALUED = {"--plot", "--label", "--results-dir"}
+
+
+# The probe's loop: ~60-120 ms of one core on the machines kron is measured on.
+PROBE_ITERATIONS = 2_000_000
+
+
+def speed_probe_ms(*, rounds: int = 3, iterations: int = PROBE_ITERATIONS) -> float:
+    """Milliseconds one core takes for a fixed pure-Python loop, the best of `rounds`.
+
+    The same code has measured ~1.5x its CPU per execution an hour after a run that held
+    its floor, with no change in between: the speed of a shared machine's core varies. A
+    result that carries this figure, taken when the run starts, can be compared with
+    another; the best of a few rounds is the least disturbed by other load."""
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        i = 0
+        while i < iterations:
+            i += 1
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:

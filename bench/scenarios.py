@@ -23,6 +23,7 @@ from bench.jobs import http_target, job_spec, kafka_target
 from bench.progress import Bar
 from bench.receiver import Hit, KafkaReceiver
 from bench.report import Result, log, rate, summary
+from bench.results import speed_probe_ms
 from bench.stack import History, Stack, du_bytes, executor_of
 from streams.domain.schedule import apply_jitter
 
@@ -218,7 +219,8 @@ def common(stack: Stack, scenario: str, *, executions: int, duration_s: float,
         "workers": len(workers),
         "partitions": stack.partitions,
         "host": {"cpus": os.cpu_count(), "load_1m_before": round(stack.load_before, 2),
-                 "load_1m_after": round(os.getloadavg()[0], 2)},
+                 "load_1m_after": round(os.getloadavg()[0], 2),
+                 "probe_ms_before": stack.probe_ms_before, "probe_ms_after": speed_probe_ms()},
     }
 
 

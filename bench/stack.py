@@ -29,6 +29,7 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 from bench.jobs import CommandSink, http_target, job_spec
 from bench.receiver import HttpReceiver
 from bench.report import log
+from bench.results import speed_probe_ms
 from kron import localkafka
 from kron.errors import SetupError
 from kron.settings import Settings
@@ -265,6 +266,9 @@ class Stack:
         self.last_probe_ids: list[str] = []
         # Other load on the machine skews every number; the result records how much there was.
         self.load_before = os.getloadavg()[0]
+        # And how fast a core is just now (bench.results.speed_probe_ms), before the stack
+        # starts: a run on a slow stretch of a shared machine says so.
+        self.probe_ms_before = speed_probe_ms()
 
     # lifecycle
 

@@ -47,6 +47,8 @@ def bench(*args: str, timeout_s: float) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     assert [k for k in REQUIRED + SCENARIO_KEYS[args[0]] if k not in result] == []
     assert set(result["lateness_ms"]) >= {"p50", "p95", "p99", "max"}
+    # The host's speed before and after, for comparing runs across a shared machine's moods.
+    assert result["host"]["probe_ms_before"] > 0 and result["host"]["probe_ms_after"] > 0
     assert result["scenario"] == args[0]
     assert result["lost"] == 0 and result["duplicates"] == 0, result["audit"]
     assert not (REPO / ".kron" / f"bench-{proc.pid}").exists(), "temp dir left behind"

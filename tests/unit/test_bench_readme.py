@@ -194,3 +194,16 @@ def test_the_fire_ahead_window_a_result_ran_with_is_spelled_out() -> None:
     explicit = options({**base, "fire_ahead_s": 3.0, "worker_env": {"KRON_FIRE_AHEAD_S": "3"}})
     assert explicit.endswith("1 worker, KRON_FIRE_AHEAD_S=3")
     assert "fire-ahead" not in options({"scenario": "api", "concurrency": 32, "duration_s": 30})
+
+
+def test_a_single_runs_host_probe_is_shown_and_an_old_result_without_one_is_not() -> None:
+    probed = {**STEADY, "host": {"probe_ms_before": 64.3, "probe_ms_after": 80.0}}
+    assert readme.row("steady-kafka", probed)[11].endswith("; host probe 64.3 ms")
+    assert "host probe" not in readme.row("steady-kafka", STEADY)[11]
+
+
+def test_the_speed_probe_takes_the_best_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock whose rounds take 0.5 s, 0.1 s and 0.3 s: the probe reports the best one.
+    ticks = iter([0.0, 0.5, 1.0, 1.1, 2.0, 2.3])
+    monkeypatch.setattr(results.time, "perf_counter", lambda: next(ticks))
+    assert results.speed_probe_ms(rounds=3, iterations=10) == 100.0

@@ -104,3 +104,12 @@ def test_plots_of_one_run_are_refused_with_repeat(tmp_path: Any) -> None:
     with pytest.raises(typer.BadParameter, match="not with --repeat"):
         opts(tmp_path, 2)
     assert opts(None, 3).repeat == 3
+
+
+def test_each_runs_host_probe_is_kept_and_shown_in_the_row() -> None:
+    runs = [steady(p99) for p99 in (1200.0, 700.0, 900.0)]
+    for run, probe in zip(runs, (61.5, 98.0, 70.2), strict=True):
+        run["host"] = {"probe_ms_before": probe}
+    out = combine(runs)
+    assert [r["probe_ms"] for r in out["repeats"]["runs"]] == [61.5, 98.0, 70.2]
+    assert readme.row("steady-kafka", out)[11].endswith("; host probe 61.5, 98, 70.2 ms")

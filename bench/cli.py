@@ -59,6 +59,12 @@ RepeatOpt = Annotated[int, typer.Option(
          "the figure its floor is judged on); lost and duplicates are summed over all runs, "
          "and every run's figures are under `repeats`.")]
 
+BrokerWarmupOpt = Annotated[float, typer.Option(
+    "--broker-warmup", min=0.0, max=300.0, metavar="SECONDS",
+    help="At most this long, drive the new broker with a produce-and-fetch load until its "
+         "JIT compiler threads go quiet, before anything is measured (bench.warmup); 0 "
+         "measures a cold broker.")]
+
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -74,6 +80,7 @@ class Common:
     results_dir: Path | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
     repeat: int = 1
+    broker_warmup_s: float = 0.0
 
 
 def fire_ahead_of(env: dict[str, str]) -> float:
@@ -100,7 +107,7 @@ def worker_env(pairs: list[str] | None, *, no_barrier: bool) -> dict[str, str]:
 
 def common(*, as_json: bool, plot_dir: Path | None, progress: bool, save: bool,
            label: str | None, results_dir: Path | None, env: list[str] | None,
-           no_barrier: bool, repeat: int = 1) -> Common:
+           no_barrier: bool, repeat: int = 1, broker_warmup_s: float = 0.0) -> Common:
     from bench.results import LABEL
 
     if label is not None and not LABEL.match(label):
@@ -115,7 +122,8 @@ def common(*, as_json: bool, plot_dir: Path | None, progress: bool, save: bool,
                                      param_hint="--plot") from None
     return Common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir,
-                  worker_env=worker_env(env, no_barrier=no_barrier), repeat=repeat)
+                  worker_env=worker_env(env, no_barrier=no_barrier), repeat=repeat,
+                  broker_warmup_s=broker_warmup_s)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -137,7 +145,8 @@ def run(fn: Callable[..., dict[str, Any]], opts: Common, **kwargs: Any) -> None:
             if opts.repeat > 1:
                 log(f"run {i + 1} of {opts.repeat}")
             runs.append(fn(plot_dir=opts.plot_dir, label=opts.label,
-                           worker_env=opts.worker_env, **kwargs))
+                           worker_env=opts.worker_env, broker_warmup_s=opts.broker_warmup_s,
+                           **kwargs))
         result = runs[0] if opts.repeat == 1 else combine(runs)
     except KeyboardInterrupt:
         log("interrupted; everything the bench started is stopped")
@@ -186,13 +195,14 @@ def steady(
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
     repeat: RepeatOpt = 1,
+    broker_warmup: BrokerWarmupOpt = 30.0,
 ) -> None:
     """RATE per-second cron jobs fire for DURATION seconds; achieved rate and lateness."""
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
-                  repeat=repeat)
+                  repeat=repeat, broker_warmup_s=broker_warmup)
     if workers < 1:
         raise typer.BadParameter("steady needs at least one worker", param_hint="--workers")
     if find_max:
@@ -218,13 +228,14 @@ def burst(
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
     repeat: RepeatOpt = 1,
+    broker_warmup: BrokerWarmupOpt = 30.0,
 ) -> None:
     """JOBS one-off jobs all due in the same second: time until the last one ran."""
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
-                  repeat=repeat)
+                  repeat=repeat, broker_warmup_s=broker_warmup)
     if workers < 1:
         raise typer.BadParameter("burst needs at least one worker", param_hint="--workers")
     run(scenarios.burst, opts, jobs=jobs, workers=workers, partitions=partitions)
@@ -246,6 +257,7 @@ def timers(
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
     repeat: RepeatOpt = 1,
+    broker_warmup: BrokerWarmupOpt = 30.0,
 ) -> None:
     """JOBS pending timers: create rate, worker RSS and disk, restart and cold-rebuild times.
 
@@ -256,7 +268,7 @@ def timers(
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
-                  repeat=repeat)
+                  repeat=repeat, broker_warmup_s=broker_warmup)
     run(scenarios.timers, opts, jobs=jobs, partitions=partitions, due_in_s=due_in)
 
 
@@ -276,6 +288,7 @@ def api(
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
     repeat: RepeatOpt = 1,
+    broker_warmup: BrokerWarmupOpt = 30.0,
 ) -> None:
     """Concurrent POST /v1/jobs against `kron api`: requests/s and latency percentiles.
 
@@ -285,7 +298,7 @@ def api(
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
-                  repeat=repeat)
+                  repeat=repeat, broker_warmup_s=broker_warmup)
     run(scenarios.api, opts, duration_s=duration, concurrency=concurrency, workers=workers,
         partitions=partitions)
 
@@ -309,13 +322,14 @@ def failover(
     label: LabelOpt = None,
     results_dir: ResultsDirOpt = None,
     repeat: RepeatOpt = 1,
+    broker_warmup: BrokerWarmupOpt = 30.0,
 ) -> None:
     """Two workers at RATE; one is killed with SIGKILL mid-run. Takeover, lateness, loss."""
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
-                  repeat=repeat)
+                  repeat=repeat, broker_warmup_s=broker_warmup)
     kill = duration / 3 if kill_after is None else kill_after
     if not 0 < kill < duration:
         raise typer.BadParameter("must be inside the window", param_hint="--kill-after")

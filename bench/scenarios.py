@@ -221,6 +221,7 @@ def common(stack: Stack, scenario: str, *, executions: int, duration_s: float,
         "host": {"cpus": os.cpu_count(), "load_1m_before": round(stack.load_before, 2),
                  "load_1m_after": round(os.getloadavg()[0], 2),
                  "probe_ms_before": stack.probe_ms_before, "probe_ms_after": speed_probe_ms()},
+        "broker_warmup": stack.warmup.as_dict() if stack.warmup else None,
     }
 
 
@@ -301,8 +302,10 @@ def run_step(stack: Stack, step: Step, *, target: tuple[str, dict[str, Any]],
 
 def steady(*, rate_per_s: int, duration_s: int, target: str, workers: int, partitions: int,
            jitter_s: float = 0.0, plot_dir: Path | None = None, label: str | None = None,
-           worker_env: dict[str, str] | None = None) -> Result:
-    with Stack(partitions=partitions, worker_env=worker_env) as stack:
+           worker_env: dict[str, str] | None = None,
+           broker_warmup_s: float = 0.0) -> Result:
+    with Stack(partitions=partitions, worker_env=worker_env,
+               broker_warmup_s=broker_warmup_s) as stack:
         start_workers(stack, workers)
         tgt, hits, kafka_rx = _target(stack, target)
         try:
@@ -382,10 +385,12 @@ def next_rate(good: int, bad: int | None, current: int) -> int | None:
 def find_max(*, start_rate: int, step_s: int, target: str, workers: int, partitions: int,
              max_steps: int, limit_ms: float, jitter_s: float = 0.0,
              plot_dir: Path | None = None, label: str | None = None,
-             worker_env: dict[str, str] | None = None) -> Result:
+             worker_env: dict[str, str] | None = None,
+             broker_warmup_s: float = 0.0) -> Result:
     """Raises the rate until p99 lateness passes `limit_ms` (or the target falls behind)."""
     due = due_of(jitter_s)
-    with Stack(partitions=partitions, worker_env=worker_env) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env,
+               broker_warmup_s=broker_warmup_s) as stack:
         start_workers(stack, workers)
         tgt, hits, kafka_rx = _target(stack, target)
         steps: list[Step] = []
@@ -439,9 +444,11 @@ def find_max(*, start_rate: int, step_s: int, target: str, workers: int, partiti
 
 
 def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = None,
-          label: str | None = None, worker_env: dict[str, str] | None = None) -> Result:
+          label: str | None = None, worker_env: dict[str, str] | None = None,
+          broker_warmup_s: float = 0.0) -> Result:
     """N one-off jobs all due at the same second, created well before it."""
-    with Stack(partitions=partitions, worker_env=worker_env) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env,
+               broker_warmup_s=broker_warmup_s) as stack:
         start_workers(stack, workers)
         due_ms = next_second(now_ms() + lead_ms(jobs))
         spec = job_spec(target=http_target(f"{stack.receiver.url}/b"), run_at_ms=due_ms)
@@ -481,9 +488,11 @@ def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = N
 
 def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400,
            plot_dir: Path | None = None, label: str | None = None,
-           worker_env: dict[str, str] | None = None) -> Result:
+           worker_env: dict[str, str] | None = None,
+           broker_warmup_s: float = 0.0) -> Result:
     """N pending one-offs: create rate, memory and disk with them pending, restart times."""
-    with Stack(partitions=partitions, worker_env=worker_env) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env,
+               broker_warmup_s=broker_warmup_s) as stack:
         empty_ready_s = start_workers(stack, 1)
         stack.sampler.mark()
         spec = job_spec(target=http_target(f"{stack.receiver.url}/never"),
@@ -606,9 +615,11 @@ async def _api_load(url: str, key: str, target_url: str, *, concurrency: int,
 
 def api(*, duration_s: int, concurrency: int, workers: int, partitions: int,
         plot_dir: Path | None = None, label: str | None = None,
-        worker_env: dict[str, str] | None = None) -> Result:
+        worker_env: dict[str, str] | None = None,
+        broker_warmup_s: float = 0.0) -> Result:
     """Concurrent POST /v1/jobs against a `kron api` process (one-offs due in an hour)."""
-    with Stack(partitions=partitions, worker_env=worker_env) as stack:
+    with Stack(partitions=partitions, worker_env=worker_env,
+               broker_warmup_s=broker_warmup_s) as stack:
         if workers:
             start_workers(stack, workers)
         url = stack.start_api()
@@ -646,10 +657,11 @@ def api(*, duration_s: int, concurrency: int, workers: int, partitions: int,
 
 def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partitions: int,
              session_timeout_s: float | None, plot_dir: Path | None = None,
-             label: str | None = None, worker_env: dict[str, str] | None = None) -> Result:
+             label: str | None = None, worker_env: dict[str, str] | None = None,
+             broker_warmup_s: float = 0.0) -> Result:
     """Two workers at a steady rate; one is SIGKILLed mid-window. Who picks up, how fast."""
     with Stack(partitions=partitions, session_timeout_s=session_timeout_s,
-               worker_env=worker_env) as stack:
+               worker_env=worker_env, broker_warmup_s=broker_warmup_s) as stack:
         start_workers(stack, 2)
         owners = stack.partition_owners(stack.last_probe_ids)
         victim = "w2" if "w2" in owners.values() else "w1"

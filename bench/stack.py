@@ -30,6 +30,7 @@ from bench.jobs import CommandSink, http_target, job_spec
 from bench.receiver import HttpReceiver
 from bench.report import log
 from bench.results import speed_probe_ms
+from bench.warmup import Warmup, warm
 from kron import localkafka
 from kron.errors import SetupError
 from kron.settings import Settings
@@ -247,7 +248,8 @@ def executor_of(rec: dict[str, Any]) -> str | None:
 
 class Stack:
     def __init__(self, *, partitions: int = 8, session_timeout_s: float | None = None,
-                 worker_env: dict[str, str] | None = None) -> None:
+                 worker_env: dict[str, str] | None = None,
+                 broker_warmup_s: float = 0.0) -> None:
         self.root = REPO / ".kron" / f"bench-{os.getpid()}"
         self.partitions = partitions
         self.session_timeout_s = session_timeout_s
@@ -269,6 +271,8 @@ class Stack:
         # And how fast a core is just now (bench.results.speed_probe_ms), before the stack
         # starts: a run on a slow stretch of a shared machine says so.
         self.probe_ms_before = speed_probe_ms()
+        self.broker_warmup_s = broker_warmup_s
+        self.warmup: Warmup | None = None
 
     # lifecycle
 
@@ -300,8 +304,14 @@ class Stack:
         create_topics(self.settings)
         self.sampler.start()
         self.sampler.track("bench", os.getpid())
-        broker_pid = self.cluster.nodes[0].pid_file.read_text().strip()
-        self.sampler.track("broker", int(broker_pid))
+        broker_pid = int(self.cluster.nodes[0].pid_file.read_text().strip())
+        self.sampler.track("broker", broker_pid)
+        if self.broker_warmup_s > 0:
+            log(f"warming the broker (at most {self.broker_warmup_s:g}s) ...")
+            self.warmup = warm(self.settings, broker_pid=broker_pid,
+                               max_s=self.broker_warmup_s)
+            log(f"broker warm after {self.warmup.seconds:.1f}s "
+                f"({self.warmup.messages} messages)")
         self.receiver.start()
         self._sink = CommandSink(self.settings)
         self._wm = Consumer({"bootstrap.servers": self.settings.bootstrap_servers,

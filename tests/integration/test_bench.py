@@ -33,7 +33,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def bench(*args: str, timeout_s: float) -> dict[str, Any]:
-    proc = subprocess.Popen([sys.executable, "-m", "kron", "bench", *args, "--json"],
+    # A cold broker unless a test asks otherwise: the warm-up is up to 30 s per run.
+    warmup = () if "--broker-warmup" in args else ("--broker-warmup", "0")
+    proc = subprocess.Popen([sys.executable, "-m", "kron", "bench", *args, *warmup, "--json"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -78,7 +80,8 @@ def test_steady_http_reports_on_time_executions_without_loss(tmp_path: Path) -> 
         "steady-smoke-lateness.png", "steady-smoke-throughput.png"]
     saved = json.loads((tmp_path / "results" / "steady-smoke.json").read_text())
     assert saved["executions"] == 250 and saved["label"] == "smoke"
-    assert saved["command"] == "kron bench steady --rate 50 --duration 5 --target http"
+    assert saved["command"] == ("kron bench steady --rate 50 --duration 5 --target http "
+                                "--broker-warmup 0")
     assert set(saved["machine"]) >= {"nproc", "cpu_model", "ram_gb", "python", "date",
                                      "git_commit"}
     assert " ETA " not in r["_stderr"], "no progress bar unless stderr is a terminal"
@@ -112,7 +115,10 @@ def test_timers_creates_pending_jobs_and_restarts() -> None:
 
 def test_api_accepts_creates(tmp_path: Path) -> None:
     r = bench("api", "--duration", "3", "--concurrency", "4", "--plot", str(tmp_path),
-              timeout_s=90)
+              "--broker-warmup", "2", timeout_s=90)
+    # Warmed for its whole 2 s (a new JVM's compiler is not quiet that soon), then measured.
+    assert r["broker_warmup"]["messages"] > 0 and 2 <= r["broker_warmup"]["seconds"] < 10
+    assert "broker warm after" in r["_stderr"]
     assert r["accepted"] > 0 and r["requests_per_s"] > 0
     assert r["accepted"] == r["requests"], r["statuses"]
     assert r["latency_ms"]["p99"] is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +208,18 @@ def test_the_speed_probe_takes_the_best_of_its_rounds(monkeypatch: pytest.Monkey
     ticks = iter([0.0, 0.5, 1.0, 1.1, 2.0, 2.3])
     monkeypatch.setattr(results.time, "perf_counter", lambda: next(ticks))
     assert results.speed_probe_ms(rounds=3, iterations=10) == 100.0
+
+
+def test_the_warmup_reads_only_the_jvms_compiler_threads(tmp_path: Path) -> None:
+    from bench.warmup import compiler_cpu_s
+
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid, name, utime, stime in [(1, "java", 500, 50), (7, "C2 CompilerThre", 3 * tick, tick),
+                                    (8, "C1 CompilerThre", tick, 0), (9, "GC Thread#0", 9, 9)]:
+        task = tmp_path / "42" / "task" / str(tid)
+        task.mkdir(parents=True)
+        # comm may hold spaces and parentheses: fields are counted after the last ')'.
+        fields = ["S", *["0"] * 10, str(utime), str(stime)]
+        (task / "stat").write_text(f"{tid} ({name}) {' '.join(fields)} 0 0\n")
+    assert compiler_cpu_s(42, proc=tmp_path) == 5.0
+    assert compiler_cpu_s(43, proc=tmp_path) is None

@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from bench.jobs import CommandSink, http_target, job_spec
+from bench.procfs import CLK_TCK, cpu_ticks
 from bench.receiver import HttpReceiver
 from bench.report import log
 from bench.results import speed_probe_ms
@@ -42,7 +43,6 @@ REPO = localkafka.REPO_ROOT
 PREFIX = "bench"
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 0.5
 
 
@@ -74,9 +74,7 @@ def read_proc(pid: int) -> tuple[int, int] | None:
         return None
     rss = next((int(line.split()[1]) for line in status.splitlines()
                 if line.startswith("VmRSS:")), 0)
-    # comm (field 2) may hold spaces; fields after the closing parenthesis are fixed.
-    fields = stat.rsplit(")", 1)[1].split()
-    return rss, int(fields[11]) + int(fields[12])
+    return rss, cpu_ticks(stat)
 
 
 class Sampler:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
+from bench.procfs import CLK_TCK, cpu_ticks, name_of
 from kron.settings import Settings
 from kron.topics import admin_client
 
@@ -48,24 +48,21 @@ class Warmup:
 
 def compiler_cpu_s(pid: int, proc: Path = Path("/proc")) -> float | None:
     """CPU seconds the JVM's JIT compiler threads have used, or None if unreadable."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    ticks = 0
     try:
         for tid in os.listdir(proc / str(pid) / "task"):
             stat = (proc / str(pid) / "task" / tid / "stat").read_text()
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            if "Compiler" in name:
-                fields = stat.rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick
+            if "Compiler" in name_of(stat):
+                ticks += cpu_ticks(stat)
     except (OSError, ValueError):
         return None
-    return total
+    return ticks / CLK_TCK
 
 
-def warm(settings: Settings, *, broker_pid: int | None, max_s: float,
-         clock: Callable[[], float] = time.monotonic) -> Warmup:
+def warm(settings: Settings, *, broker_pid: int | None, max_s: float) -> Warmup:
     """Produce and fetch until the broker's compiler threads are quiet, at most `max_s`
     (without a broker pid to watch: for `max_s`)."""
+    clock = time.monotonic
     admin = admin_client(settings)
     admin.create_topics([NewTopic(TOPIC, settings.partitions, 1)])[TOPIC].result(30)
     servers = {"bootstrap.servers": settings.bootstrap_servers, "log_level": 3}

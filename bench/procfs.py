@@ -1,0 +1,19 @@
+"""Reading a process's or thread's CPU from /proc/PID[/task/TID]/stat."""
+
+from __future__ import annotations
+
+import os
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def name_of(stat: str) -> str:
+    """The comm field (2): between the first '(' and the last ')', spaces and all."""
+    return stat[stat.index("(") + 1:stat.rindex(")")]
+
+
+def cpu_ticks(stat: str) -> int:
+    """utime + stime (fields 14 and 15). comm may hold spaces and parentheses, so the
+    fields are counted after its closing parenthesis."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])

@@ -215,13 +215,19 @@ def repeats(r: Result) -> str:
 
 def probe(r: Result) -> str:
     """The host's speed when the run started (bench.results.speed_probe_ms), per run of a
-    --repeat result: lower is faster."""
+    --repeat result: lower is faster. Then, where recorded, the share of the run's 2 s
+    windows in which a CPU ran slow (bench.hostspeed)."""
     runs = (r.get("repeats") or {}).get("runs") or []
-    values = [run.get("probe_ms") for run in runs] if runs else [
-        (r.get("host") or {}).get("probe_ms_before")]
-    if all(v is None for v in values):
-        return ""
-    return f"; host probe {', '.join(num(v) for v in values)} ms"
+    host = r.get("host") or {}
+    values = [run.get("probe_ms") for run in runs] if runs else [host.get("probe_ms_before")]
+    slow = ([run.get("host_slow_share") for run in runs] if runs
+            else [(host.get("speed") or {}).get("slow_share")])
+    out = "" if all(v is None for v in values) else (
+        f"; host probe {', '.join(num(v) for v in values)} ms")
+    if any(v is not None for v in slow):
+        shares = ", ".join("-" if v is None else f"{round(100 * v)}%" for v in slow)
+        out += f"; CPU slow in {shares} of the run"
+    return out
 
 
 def row(name: str, r: Result) -> list[str]:

@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.hostspeed import timed_loop_ms
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -35,15 +37,9 @@ def speed_probe_ms(*, rounds: int = 3, iterations: int = PROBE_ITERATIONS) -> fl
     The same code has measured ~1.5x its CPU per execution an hour after a run that held
     its floor, with no change in between: the speed of a shared machine's core varies. A
     result that carries this figure, taken when the run starts, can be compared with
-    another; the best of a few rounds is the least disturbed by other load."""
-    best = float("inf")
-    for _ in range(rounds):
-        started = time.perf_counter()
-        i = 0
-        while i < iterations:
-            i += 1
-        best = min(best, time.perf_counter() - started)
-    return round(best * 1000, 1)
+    another; the best of a few rounds is the least disturbed by other load. Wall time, as
+    it was first recorded; bench.hostspeed watches each CPU during the run."""
+    return round(timed_loop_ms(iterations, rounds, cpu_time=time.perf_counter), 1)
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:

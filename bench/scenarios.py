@@ -220,7 +220,8 @@ def common(stack: Stack, scenario: str, *, executions: int, duration_s: float,
         "partitions": stack.partitions,
         "host": {"cpus": os.cpu_count(), "load_1m_before": round(stack.load_before, 2),
                  "load_1m_after": round(os.getloadavg()[0], 2),
-                 "probe_ms_before": stack.probe_ms_before, "probe_ms_after": speed_probe_ms()},
+                 "probe_ms_before": stack.probe_ms_before, "probe_ms_after": speed_probe_ms(),
+                 "speed": stack.host_speed.summary()},
         "broker_warmup": stack.warmup.as_dict() if stack.warmup else None,
     }
 
@@ -286,7 +287,7 @@ def run_step(stack: Stack, step: Step, *, target: tuple[str, dict[str, Any]],
         log(f"[yellow]warning:[/yellow] the creates were applied only {step.setup_margin_ms} ms "
             "before the window; the first slots may start late")
     sleep_until(step.window_ms, stack)
-    stack.sampler.mark()
+    stack.mark()
     with Bar(f"{step.prefix} {step.rate}/s for {step.duration_s}s", step.expected,
              unit=" executions") as bar:
         # Counting the target's hits during the window costs the bench CPU: only for a bar.
@@ -458,7 +459,7 @@ def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = N
                             timeout_s=max(60.0, (due_ms - now_ms()) / 1000 + 60), total=jobs)
         margin = due_ms - now_ms()
         sleep_until(due_ms, stack)
-        stack.sampler.mark()
+        stack.mark()
         seen = Deliveries()
         with Bar(f"burst of {jobs}", jobs, unit=" executions") as bar:
             drained = drain(stack.receiver.hits, seen, "b-", jobs, timeout_s=60 + jobs / 50,
@@ -494,7 +495,7 @@ def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400,
     with Stack(partitions=partitions, worker_env=worker_env,
                broker_warmup_s=broker_warmup_s) as stack:
         empty_ready_s = start_workers(stack, 1)
-        stack.sampler.mark()
+        stack.mark()
         spec = job_spec(target=http_target(f"{stack.receiver.url}/never"),
                         run_at_ms=now_ms() + due_in_s * 1000)
         log(f"creating {jobs} pending one-off jobs ...")
@@ -625,7 +626,7 @@ def api(*, duration_s: int, concurrency: int, workers: int, partitions: int,
         url = stack.start_api()
         log(f"API ready at {url}; {concurrency} clients for {duration_s}s ...")
         base = stack.count("jobs")
-        stack.sampler.mark()
+        stack.mark()
         started = time.monotonic()
         load = asyncio.run(_api_load(url, stack.api_key, f"{stack.receiver.url}/api",
                                      concurrency=concurrency, duration_s=duration_s))
@@ -677,7 +678,7 @@ def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partition
                             timeout_s=max(60.0, (window_ms - now_ms()) / 1000 + 60),
                             total=rate_per_s)
         sleep_until(window_ms, stack)
-        stack.sampler.mark()
+        stack.mark()
         kill_ms = window_ms + int(kill_after_s * 1000)
         sleep_until(kill_ms, stack)
         kill_ms = now_ms()

@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
+from bench.hostspeed import HostSpeed
 from bench.jobs import CommandSink, http_target, job_spec
 from bench.procfs import CLK_TCK, cpu_ticks
 from bench.receiver import HttpReceiver
@@ -259,6 +260,7 @@ class Stack:
         self.api_url = ""
         self.cluster: localkafka.Cluster | None = None
         self.sampler = Sampler()
+        self.host_speed = HostSpeed()
         self.receiver = HttpReceiver()
         self._sink: CommandSink | None = None
         self._wm: Consumer | None = None
@@ -301,6 +303,7 @@ class Stack:
             api_keys=f"bench={self.api_key}", allow_private_targets=True, **extra)
         create_topics(self.settings)
         self.sampler.start()
+        self.host_speed.start()
         self.sampler.track("bench", os.getpid())
         broker_pid = int(self.cluster.nodes[0].pid_file.read_text().strip())
         self.sampler.track("broker", broker_pid)
@@ -329,7 +332,8 @@ class Stack:
             if failed:
                 for p in procs:
                     log(f"--- last lines of {p.name}'s log ---\n{p.tail(2000)}")
-            steps = [lambda: stop_all(procs), self.receiver.stop, self.sampler.stop]
+            steps = [lambda: stop_all(procs), self.receiver.stop, self.sampler.stop,
+                     self.host_speed.stop]
             if self._sink is not None:
                 steps.append(self._sink.close)
             if self._wm is not None:
@@ -441,6 +445,11 @@ class Stack:
         return None
 
     # readiness
+
+    def mark(self) -> None:
+        """The measurement starts: CPU and the host's speed count from here."""
+        self.sampler.mark()
+        self.host_speed.mark()
 
     def probe(self, timeout_s: float) -> list[str] | None:
         """One one-off job per partition, due now. Their job ids once all fired, else None.

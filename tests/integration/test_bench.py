@@ -8,6 +8,7 @@ stdout line, every common key and the scenario's own), no loss, no duplicates; a
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -75,6 +76,11 @@ def test_steady_http_reports_on_time_executions_without_loss(tmp_path: Path) -> 
     assert r["target_duplicates"] == 0
     assert r["lateness_ms"]["p50"] is not None
     assert r["rss_mb"]["w1"] > 0 and r["cpu_s"]["w1"] > 0
+    # Every CPU's speed over the measured window (bench.hostspeed), a probe each 2 s.
+    speed = r["host"]["speed"]
+    assert set(speed["cpus"]) == {f"cpu{c}" for c in os.sched_getaffinity(0)}, speed
+    assert all(c["n"] >= 1 and c["p10"] > 0 for c in speed["cpus"].values()), speed
+    assert 0 <= speed["slow_share"] < 1
     assert pngs(r["plots"]) == ["steady-smoke-lateness.png", "steady-smoke-throughput.png"]
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "steady-smoke-lateness.png", "steady-smoke-throughput.png"]

@@ -113,3 +113,14 @@ def test_each_runs_host_probe_is_kept_and_shown_in_the_row() -> None:
     out = combine(runs)
     assert [r["probe_ms"] for r in out["repeats"]["runs"]] == [61.5, 98.0, 70.2]
     assert readme.row("steady-kafka", out)[11].endswith("; host probe 61.5, 98, 70.2 ms")
+
+
+def test_each_runs_share_of_slow_cpu_windows_is_kept_and_shown() -> None:
+    runs = [steady(p99) for p99 in (1200.0, 700.0, 900.0)]
+    for run, slow in zip(runs, (0.4, 0.05, None), strict=True):
+        run["host"] = {"probe_ms_before": 40.0,
+                       "speed": None if slow is None else {"slow_share": slow}}
+    out = combine(runs)
+    assert [r["host_slow_share"] for r in out["repeats"]["runs"]] == [0.4, 0.05, None]
+    assert readme.row("steady-kafka", out)[11].endswith(
+        "; host probe 40, 40, 40 ms; CPU slow in 40%, 5%, - of the run")

@@ -113,6 +113,11 @@ class HostSpeed:
         with self._lock:
             return summarize(list(self.probes), since=self._since)
 
+    def series(self, origin: float) -> list[tuple[float, int, float]]:
+        """(seconds since `origin`, CPU, ms) of every probe from mark() on, for a plot."""
+        with self._lock:
+            return [(p.at - origin, p.cpu, p.ms) for p in self.probes if p.at >= self._since]
+
     def _run(self, cpu: int) -> None:
         try:
             os.sched_setaffinity(0, {cpu})  # 0: this thread only

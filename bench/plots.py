@@ -44,6 +44,8 @@ class Figures:
     time_label: str = "seconds since the window start"
     target_per_s: float | None = None
     marks: list[tuple[float, str]] = field(default_factory=list)
+    # (seconds since origin, CPU, probe ms) from bench.hostspeed: drawn on a second axis.
+    speed: Sequence[tuple[float, int, float]] = ()
 
 
 def write(plot_dir: Path, figs: Figures) -> list[str]:
@@ -54,7 +56,8 @@ def write(plot_dir: Path, figs: Figures) -> list[str]:
     histogram(figs.values_ms, hist, title=f"{figs.title}: {figs.hist_name}",
               xlabel=figs.hist_label, ylabel=figs.counted)
     throughput(figs.times_s, rate, title=f"{figs.title}: throughput", ylabel=figs.rate_label,
-               xlabel=figs.time_label, target_per_s=figs.target_per_s, marks=figs.marks)
+               xlabel=figs.time_label, target_per_s=figs.target_per_s, marks=figs.marks,
+               speed=figs.speed)
     return [str(hist), str(rate)]
 
 
@@ -109,7 +112,8 @@ def per_second(times_s: Iterable[float]) -> tuple[list[int], list[int]]:
 
 def throughput(times_s: Sequence[float], path: Path, *, title: str, ylabel: str, xlabel: str,
                target_per_s: float | None = None,
-               marks: Sequence[tuple[float, str]] = ()) -> None:
+               marks: Sequence[tuple[float, str]] = (),
+               speed: Sequence[tuple[float, int, float]] = ()) -> None:
     secs, counts = per_second(times_s)
     fig, ax = plt.subplots(figsize=(9, 4))
     if secs:
@@ -124,10 +128,27 @@ def throughput(times_s: Sequence[float], path: Path, *, title: str, ylabel: str,
         ax.axvline(x, color="tab:red", linestyle=":", label=label)
     if secs or target_per_s is not None:
         ax.legend(loc="best")  # the kill mark and the target line move about
+    if speed:
+        _speed_axis(ax, speed)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     _save(fig, path)
+
+
+def _speed_axis(ax: Axes, speed: Sequence[tuple[float, int, float]]) -> None:
+    """Each CPU's probe (bench.hostspeed) on a right-hand axis: where the bars drop while
+    the line rises, the host, not the code, was slow."""
+    right = ax.twinx()
+    for cpu, color in zip(sorted({c for _, c, _ in speed}), ("tab:red", "tab:purple",
+                                                             "tab:brown", "tab:gray"),
+                          strict=False):
+        points = sorted((t, ms) for t, c, ms in speed if c == cpu)
+        right.plot([t for t, _ in points], [ms for _, ms in points], color=color,
+                   marker=".", linewidth=1, alpha=0.7, label=f"CPU {cpu} probe")
+    right.set_ylim(bottom=0)
+    right.set_ylabel("CPU probe, ms (higher is slower)")
+    right.legend(loc="lower right")
 
 
 def _save(fig: Figure, path: Path) -> None:

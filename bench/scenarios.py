@@ -326,7 +326,8 @@ def steady(*, rate_per_s: int, duration_s: int, target: str, workers: int, parti
         result["plots"] = write_plots(
             plot_dir, stem=plot_stem("steady", label),
             title=f"steady {rate_per_s}/s via {target}", values_ms=step.seen.lateness(due),
-            times_s=since_s(step.seen, step.window_ms), target_per_s=rate_per_s)
+            times_s=since_s(step.seen, step.window_ms), target_per_s=rate_per_s,
+            speed=stack.host_speed.series(origin=step.window_ms / 1000))
         return result
 
 

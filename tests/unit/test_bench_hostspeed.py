@@ -76,3 +76,11 @@ def test_each_probe_runs_pinned_to_its_cpu_until_stopped() -> None:
     assert set().union(*seen.values()) == set(cpus)
     s = speed.summary()
     assert s is not None and s["slow_share"] == 0.0
+
+
+def test_the_plot_series_starts_at_the_mark_and_counts_from_the_origin() -> None:
+    now = iter([100.0])
+    speed = HostSpeed(cpus=[0], clock=lambda: next(now))
+    speed.probes += probes((99.0, 0, 7.0), (101.0, 0, 6.0), (103.5, 1, 12.0))
+    speed.mark()  # at 100.0
+    assert speed.series(origin=100.5) == [(0.5, 0, 6.0), (3.0, 1, 12.0)]

@@ -6,6 +6,7 @@ import io
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,22 @@ def test_write_draws_a_lateness_histogram_and_a_throughput_plot(tmp_path: Path) 
     for p in paths:
         data = Path(p).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_the_throughput_plot_draws_each_cpus_speed_on_a_second_axis(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    saved: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig))
+    speed = [(2.0, 1, 6.1), (0.0, 0, 6.0), (2.0, 0, 11.5), (0.0, 1, 6.3)]
+    plots.throughput([0.5, 1.5, 2.5], tmp_path / "t.png", title="t", ylabel="y", xlabel="x",
+                     speed=speed)
+    (fig,) = saved
+    bars, right = fig.axes
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+             for line in right.get_lines()}
+    assert lines == {"CPU 0 probe": ([0.0, 2.0], [6.0, 11.5]),
+                     "CPU 1 probe": ([0.0, 2.0], [6.3, 6.1])}
+    assert len(bars.patches) == 3  # one bar a second, on the left axis
 
 
 def test_an_empty_run_still_gets_both_files(tmp_path: Path) -> None:

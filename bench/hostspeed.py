@@ -1,10 +1,11 @@
 """How fast each of the machine's CPUs was during a run, every few seconds.
 
 A shared machine's cores do not keep one speed. With nothing else running, a thread pinned
-to one CPU of the machine the README's figures come from took 5.7-6.6 ms of its own CPU
-time for a fixed loop most of the time, and 9.3-12.7 ms in a fifth to two fifths of the
-2 s windows, on either CPU, alone or with the other CPU busy (eighteenth pass). A worker at
-5,000 executions/s uses ~90% of a core on a fast stretch; a slow one leaves it behind.
+to one CPU of the machine the README's figures come from took 5.7-7.9 ms of its own CPU
+time for 300,000 increments most of the time, and 9.3-12.7 ms in a seventh to two
+fifths of the 2 s windows, on either CPU, alone or with the other CPU busy (eighteenth
+pass). A worker at 5,000 executions/s uses ~90% of a core on a fast stretch; a slow one
+leaves it behind.
 
 Each probe thread pins itself to one CPU and, every `every_s`, times a fixed loop with its
 own CPU time (time.thread_time), so waiting for the GIL or for the CPU is not counted:

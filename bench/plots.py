@@ -127,7 +127,8 @@ def throughput(times_s: Sequence[float], path: Path, *, title: str, ylabel: str,
     for x, label in marks:
         ax.axvline(x, color="tab:red", linestyle=":", label=label)
     if secs or target_per_s is not None:
-        ax.legend(loc="best")  # the kill mark and the target line move about
+        # The kill mark and the target line move about; the probes' legend takes the right.
+        ax.legend(loc="lower left" if speed else "best")
     if speed:
         _speed_axis(ax, speed)
     ax.set_xlabel(xlabel)

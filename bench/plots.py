@@ -6,6 +6,7 @@ display, so this runs on CI machines and over ssh. Imported only when --plot is 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -141,9 +142,8 @@ def _speed_axis(ax: Axes, speed: Sequence[tuple[float, int, float]]) -> None:
     """Each CPU's probe (bench.hostspeed) on a right-hand axis: where the bars drop while
     the line rises, the host, not the code, was slow."""
     right = ax.twinx()
-    for cpu, color in zip(sorted({c for _, c, _ in speed}), ("tab:red", "tab:purple",
-                                                             "tab:brown", "tab:gray"),
-                          strict=False):
+    colors = itertools.cycle(("tab:red", "tab:purple", "tab:brown", "tab:gray"))
+    for cpu, color in zip(sorted({c for _, c, _ in speed}), colors, strict=False):
         points = sorted((t, ms) for t, c, ms in speed if c == cpu)
         right.plot([t for t, _ in points], [ms for _, ms in points], color=color,
                    marker=".", linewidth=1, alpha=0.7, label=f"CPU {cpu} probe")

@@ -215,8 +215,8 @@ def repeats(r: Result) -> str:
 
 def probe(r: Result) -> str:
     """The host's speed when the run started (bench.results.speed_probe_ms), per run of a
-    --repeat result: lower is faster. Then, where recorded, the share of the run's 2 s
-    windows in which a CPU ran slow (bench.hostspeed)."""
+    --repeat result: lower is faster. Then, where recorded, the share of the CPUs' 2 s
+    probes that ran slow against the run's fast ones (bench.hostspeed)."""
     runs = (r.get("repeats") or {}).get("runs") or []
     host = r.get("host") or {}
     values = [run.get("probe_ms") for run in runs] if runs else [host.get("probe_ms_before")]
@@ -226,7 +226,7 @@ def probe(r: Result) -> str:
         f"; host probe {', '.join(num(v) for v in values)} ms")
     if any(v is not None for v in slow):
         shares = ", ".join("-" if v is None else f"{round(100 * v)}%" for v in slow)
-        out += f"; CPU slow in {shares} of the run"
+        out += f"; CPU slow in {shares} of 2 s probes"
     return out
 
 

@@ -295,6 +295,7 @@ def run_step(stack: Stack, step: Step, *, target: tuple[str, dict[str, Any]],
         sleep_until(end_ms + jitter_s * 1000, stack, tick=tick)
         step.drained = drain(hits, step.seen, step.prefix, step.expected,
                              timeout_s=30 + step.duration_s, on_count=bar.update)
+    stack.mark_end()
     if not step.drained:
         log(f"[yellow]warning:[/yellow] the target saw {len(step.seen.first)} of "
             f"{step.expected} executions by the end of the drain")
@@ -465,6 +466,7 @@ def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = N
         with Bar(f"burst of {jobs}", jobs, unit=" executions") as bar:
             drained = drain(stack.receiver.hits, seen, "b-", jobs, timeout_s=60 + jobs / 50,
                             on_count=bar.update)
+        stack.mark_end()
         time.sleep(1.5)
         history = stack.history(grace_ms=AUDIT_GRACE_MS)
         late = seen.lateness(lambda h: h.scheduled_ms)
@@ -505,6 +507,7 @@ def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400,
         started = time.monotonic()
         setup = create_jobs(stack, (f"p-{i}" for i in range(jobs)), spec,
                             timeout_s=max(120.0, jobs / 50), total=jobs)
+        stack.mark_end()
         plots = _timers_plots(stack, plot_dir, plot_stem("timers", label), started, jobs)
         time.sleep(2.0)  # let RocksDB flush and the RSS settle before reading them
         stack.sampler.sample()
@@ -632,6 +635,7 @@ def api(*, duration_s: int, concurrency: int, workers: int, partitions: int,
         load = asyncio.run(_api_load(url, stack.api_key, f"{stack.receiver.url}/api",
                                      concurrency=concurrency, duration_s=duration_s))
         took = time.monotonic() - started
+        stack.mark_end()
         ok = sum(n for s, n in load.statuses.items() if s.startswith("2"))
         applied_lag = None
         if workers:
@@ -687,6 +691,7 @@ def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partition
         log(f"killed {victim} (SIGKILL) {kill_after_s}s into the window")
         sleep_until(end_ms, stack)
         wait_quiet(stack, quiet_s=5.0, timeout_s=120.0)
+        stack.mark_end()
         seen = Deliveries()
         seen.update(stack.receiver.hits, "f-")
         history = stack.history(grace_ms=AUDIT_GRACE_MS)

@@ -451,6 +451,10 @@ class Stack:
         self.sampler.mark()
         self.host_speed.mark()
 
+    def mark_end(self) -> None:
+        """The load is over: the host's speed after this (drain, audit) does not count."""
+        self.host_speed.end()
+
     def probe(self, timeout_s: float) -> list[str] | None:
         """One one-off job per partition, due now. Their job ids once all fired, else None.
 

@@ -80,7 +80,8 @@ def test_steady_http_reports_on_time_executions_without_loss(tmp_path: Path) -> 
     speed = r["host"]["speed"]
     assert set(speed["cpus"]) == {f"cpu{c}" for c in os.sched_getaffinity(0)}, speed
     assert all(c["n"] >= 1 and c["p10"] > 0 for c in speed["cpus"].values()), speed
-    assert 0 <= speed["slow_share"] < 1
+    # Only the load counts (5 s and the drain), not the audit after it: a probe each 2 s.
+    assert all(c["n"] <= r["duration_s"] / 2 + 3 for c in speed["cpus"].values()), speed
     assert pngs(r["plots"]) == ["steady-smoke-lateness.png", "steady-smoke-throughput.png"]
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "steady-smoke-lateness.png", "steady-smoke-throughput.png"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -84,3 +86,47 @@ def test_the_plot_series_starts_at_the_mark_and_counts_from_the_origin() -> None
     speed.probes += probes((99.0, 0, 7.0), (101.0, 0, 6.0), (103.5, 1, 12.0))
     speed.mark()  # at 100.0
     assert speed.series(origin=100.5) == [(0.5, 0, 6.0), (3.0, 1, 12.0)]
+
+
+def test_a_probe_at_exactly_the_factor_is_not_slow_and_one_above_is() -> None:
+    rows = [(float(i), 0, 4.0) for i in range(9)] + [(9.0, 0, 6.0), (10.0, 0, 6.01)]
+    s = summarize(probes(*rows))
+    assert s is not None and s["fast_ms"] == 4.0
+    assert s["slow_share"] == round(1 / 11, 3)
+
+
+def test_probes_after_the_end_of_the_load_do_not_count() -> None:
+    readings = iter([100.0, 110.0])
+    speed = HostSpeed(cpus=[0], clock=lambda: next(readings))
+    speed.probes += probes((101.0, 0, 6.0), (109.0, 0, 6.0), (111.0, 0, 30.0))
+    speed.mark()  # at 100.0
+    speed.end()  # at 110.0: the drain's and the audit's probes are left out
+    summary = speed.summary()
+    assert summary is not None and summary["slow_share"] == 0.0
+    assert summary["cpus"]["cpu0"]["n"] == 2
+    assert [t for t, _, _ in speed.series(origin=100.0)] == [1.0, 9.0]
+
+
+def test_a_cpu_that_cannot_be_pinned_is_named_and_the_others_still_probe(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    real = os.sched_setaffinity
+
+    def refuse_the_first(pid: int, mask: Iterable[int]) -> None:
+        if set(mask) == {cpus[0]}:
+            raise OSError(22, "Invalid argument")
+        real(pid, mask)
+
+    monkeypatch.setattr(os, "sched_setaffinity", refuse_the_first)
+    speed = HostSpeed(every_s=0.01, cpus=cpus, probe=lambda: 6.0).start()
+    deadline = time.monotonic() + 10
+    while (len(speed.probes) < 3 * (len(cpus) - 1) or not speed.unpinned) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    speed.stop()
+    assert speed.unpinned == [cpus[0]]
+    assert cpus[0] not in {p.cpu for p in speed.probes}
+    assert {p.cpu for p in speed.probes} == set(cpus[1:])
+    summary = speed.summary()
+    if len(cpus) > 1:
+        assert summary is not None and summary["unpinned"] == [cpus[0]]

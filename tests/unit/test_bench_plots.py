@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pytest
 
 from bench import plots, progress
@@ -43,6 +44,11 @@ def test_the_throughput_plot_draws_each_cpus_speed_on_a_second_axis(
     assert lines == {"CPU 0 probe": ([0.0, 2.0], [6.0, 11.5]),
                      "CPU 1 probe": ([0.0, 2.0], [6.3, 6.1])}
     assert len(bars.patches) == 3  # one bar a second, on the left axis
+    assert right.get_ylim()[0] == 0
+    assert [t.get_text() for t in bars.get_legend().get_texts()] == ["measured"]
+    assert [t.get_text() for t in right.get_legend().get_texts()] == ["CPU 0 probe",
+                                                                      "CPU 1 probe"]
+    plt.close(fig)
 
 
 def test_an_empty_run_still_gets_both_files(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def test_a_single_runs_host_probe_is_shown_and_an_old_result_without_one_is_not(
 def test_a_runs_share_of_slow_cpu_windows_follows_the_probe() -> None:
     watched = {**STEADY, "host": {"probe_ms_before": 40.0, "speed": {"slow_share": 0.236}}}
     assert readme.row("steady-kafka", watched)[11].endswith(
-        "; host probe 40 ms; CPU slow in 24% of the run")
+        "; host probe 40 ms; CPU slow in 24% of 2 s probes")
 
 
 def test_the_speed_probe_takes_the_best_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:

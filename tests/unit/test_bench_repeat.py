@@ -123,4 +123,4 @@ def test_each_runs_share_of_slow_cpu_windows_is_kept_and_shown() -> None:
     out = combine(runs)
     assert [r["host_slow_share"] for r in out["repeats"]["runs"]] == [0.4, 0.05, None]
     assert readme.row("steady-kafka", out)[11].endswith(
-        "; host probe 40, 40, 40 ms; CPU slow in 40%, 5%, - of the run")
+        "; host probe 40, 40, 40 ms; CPU slow in 40%, 5%, - of 2 s probes")

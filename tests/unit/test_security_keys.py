@@ -102,9 +102,11 @@ def test_authenticator_holds_no_plaintext() -> None:
 def test_cli_hash_prints_the_stored_form() -> None:
     result = CliRunner().invoke(app, ["keys", "hash", PLAIN])
     assert result.exit_code == 0, result.output
-    printed = result.output.strip()
+    # stdout only: CliRunner swaps the process's stderr while it runs, so a traceback that
+    # another test's server thread prints meanwhile lands in `output` (seen in CI).
+    printed = result.stdout.strip()
     assert printed == hash_api_key(PLAIN)
     from_stdin = CliRunner().invoke(app, ["keys", "hash", "-"], input=PLAIN + "\n")
-    assert from_stdin.output.strip() == printed
+    assert from_stdin.stdout.strip() == printed
     auth = Authenticator(Settings(api_keys=f"acme={printed}").tenant_keys)
     assert auth.tenant_of(request(x_api_key=PLAIN)) == "acme"

@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bench.report import percentile
+
 log = logging.getLogger("bench.hostspeed")
 
 EVERY_S = 2.0
@@ -62,8 +64,10 @@ def timed_loop_ms(iterations: int = ITERATIONS, rounds: int = ROUNDS,
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """Nearest rank, as every other figure of a result (q in percent)."""
+    value = percentile(sorted(values), q)
+    assert value is not None  # callers pass at least one value
+    return value
 
 
 def summarize(probes: Sequence[Probe], *, since: float = 0.0, until: float = math.inf,
@@ -74,14 +78,14 @@ def summarize(probes: Sequence[Probe], *, since: float = 0.0, until: float = mat
     window = [p for p in probes if since <= p.at <= until]
     if not window:
         return None
-    fast = _percentile([p.ms for p in window], 0.1)
+    fast = _percentile([p.ms for p in window], 10)
     slow_at = fast * slow_factor
     per_cpu: dict[str, Any] = {}
     for cpu in sorted({p.cpu for p in window}):
         ms = [p.ms for p in window if p.cpu == cpu]
         per_cpu[f"cpu{cpu}"] = {
-            "p10": round(_percentile(ms, 0.1), 2), "p50": round(statistics.median(ms), 2),
-            "p90": round(_percentile(ms, 0.9), 2), "n": len(ms),
+            "p10": round(_percentile(ms, 10), 2), "p50": round(statistics.median(ms), 2),
+            "p90": round(_percentile(ms, 90), 2), "n": len(ms),
             "slow_share": round(sum(m > slow_at for m in ms) / len(ms), 3)}
     return {"every_s": EVERY_S, "fast_ms": round(fast, 2), "slow_factor": slow_factor,
             "slow_share": round(sum(p.ms > slow_at for p in window) / len(window), 3),
@@ -90,7 +94,7 @@ def summarize(probes: Sequence[Probe], *, since: float = 0.0, until: float = mat
 
 class HostSpeed:
     """A probe thread per CPU, from start() to stop(); summary() and series() cover the
-    measurement, from mark() to end()."""
+    measurement, from mark() to end(). start() is idempotent."""
 
     def __init__(self, *, every_s: float = EVERY_S, cpus: Sequence[int] | None = None,
                  probe: Callable[[], float] = timed_loop_ms,
@@ -109,6 +113,8 @@ class HostSpeed:
         self.unpinned: list[int] = []  # CPUs a thread could not pin itself to
 
     def start(self) -> HostSpeed:
+        if self._threads:
+            return self
         for i, cpu in enumerate(self._cpus):
             offset = self._every_s * i / len(self._cpus)
             t = threading.Thread(target=self._run, args=(cpu, offset),
@@ -130,18 +136,21 @@ class HostSpeed:
         """The measurement ends: later probes (the drain, the audit) do not count."""
         self._until = self._clock()
 
-    def summary(self) -> dict[str, Any] | None:
+    def _measured(self) -> list[Probe]:
         with self._lock:
-            out = summarize(list(self.probes), since=self._since, until=self._until)
-            if out is not None and self.unpinned:
-                out["unpinned"] = sorted(self.unpinned)
-            return out
+            return [p for p in self.probes if self._since <= p.at <= self._until]
+
+    def summary(self) -> dict[str, Any] | None:
+        out = summarize(self._measured())
+        with self._lock:
+            unpinned = sorted(self.unpinned)
+        if out is not None and unpinned:
+            out["unpinned"] = unpinned
+        return out
 
     def series(self, origin: float) -> list[tuple[float, int, float]]:
         """(seconds since `origin`, CPU, ms) of every probe of the measurement, for a plot."""
-        with self._lock:
-            return [(p.at - origin, p.cpu, p.ms) for p in self.probes
-                    if self._since <= p.at <= self._until]
+        return [(p.at - origin, p.cpu, p.ms) for p in self._measured()]
 
     def _run(self, cpu: int, offset_s: float) -> None:
         try:

@@ -303,7 +303,6 @@ class Stack:
             api_keys=f"bench={self.api_key}", allow_private_targets=True, **extra)
         create_topics(self.settings)
         self.sampler.start()
-        self.host_speed.start()
         self.sampler.track("bench", os.getpid())
         broker_pid = int(self.cluster.nodes[0].pid_file.read_text().strip())
         self.sampler.track("broker", broker_pid)
@@ -447,8 +446,10 @@ class Stack:
     # readiness
 
     def mark(self) -> None:
-        """The measurement starts: CPU and the host's speed count from here."""
+        """The measurement starts: CPU and the host's speed count from here. The probes start
+        here too: the broker's warm-up before it is never counted, so it is not probed."""
         self.sampler.mark()
+        self.host_speed.start()
         self.host_speed.mark()
 
     def mark_end(self) -> None:

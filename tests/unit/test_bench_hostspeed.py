@@ -130,3 +130,15 @@ def test_a_cpu_that_cannot_be_pinned_is_named_and_the_others_still_probe(
     summary = speed.summary()
     if len(cpus) > 1:
         assert summary is not None and summary["unpinned"] == [cpus[0]]
+
+
+def test_starting_twice_keeps_one_probe_thread_per_cpu() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    speed = HostSpeed(every_s=0.01, cpus=cpus, probe=lambda: 6.0)
+    before = threading.active_count()
+    speed.start()
+    speed.start()  # Stack.mark() starts them, and a scenario may mark more than once
+    try:
+        assert threading.active_count() - before == len(cpus)
+    finally:
+        speed.stop()

@@ -28,7 +28,13 @@ from rocksdict import Options, Rdict
 from bench.jobs import create_command, job_spec, kafka_target
 from streams.app import TICK_CHUNK
 from streams.engine.core import Context, Dispatch, PartitionCore, PlanCache
-from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo
+from streams.engine.faust_store import (
+    EXECUTION_STATE,
+    JOB_STATE,
+    RecordCache,
+    TableStore,
+    TerminalMemo,
+)
 from streams.reports import MAX_BATCH
 from streams.tables import unlogged_writes
 
@@ -58,7 +64,8 @@ class Table:
 class Partition:
     def __init__(self, root: Path) -> None:
         self.tables = {n: Table(root / n) for n in ("jobs", "executions", "timers")}
-        self.job_cache, self.execution_cache = RecordCache(), RecordCache()
+        self.job_cache = RecordCache(schema=JOB_STATE)
+        self.execution_cache = RecordCache(schema=EXECUTION_STATE)
         self.terminal, self.plans = TerminalMemo(), PlanCache()
         self.seq = 0
 

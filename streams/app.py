@@ -29,7 +29,14 @@ from streams.collector import IdleCollector
 from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore, PlanCache
-from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo, job_encoder
+from streams.engine.faust_store import (
+    EXECUTION_STATE,
+    JOB_STATE,
+    RecordCache,
+    TableStore,
+    TerminalMemo,
+    job_encoder,
+)
 from streams.executor import Executor
 from streams.lease import OwnershipLease
 from streams.rebalance import RebalanceGate
@@ -131,8 +138,8 @@ class Engine:
         self.timers = table("timers")
         self.ticker = Ticker(engine=self)
         self.terminal = TerminalMemo()
-        self.job_cache = RecordCache()
-        self.execution_cache = RecordCache()
+        self.job_cache = RecordCache(schema=JOB_STATE)
+        self.execution_cache = RecordCache(schema=EXECUTION_STATE)
         self.plans = PlanCache()
         # This process: slots it decides ahead are held here and nowhere else.
         self.incarnation = uuid.uuid4().hex

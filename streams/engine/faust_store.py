@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas import codec
 from streams.domain.timer import TimerKind, due_of, due_prefix_upper_bound, kind_of
-from streams.engine.store import TERMINAL, Record, copy_record
+from streams.engine.store import TERMINAL, Record, copy_record, record_copier
 
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
 JOB_STATE = "kron.state.JobState"
@@ -144,9 +144,11 @@ class RecordCache:
     copy_record's rule, which MemoryStore enforces in the core's tests. Oldest out.
     """
 
-    def __init__(self, capacity: int = 1 << 14) -> None:
+    def __init__(self, capacity: int = 1 << 14, *, schema: str | None = None) -> None:
         self._entries: dict[bytes, tuple[bytes, Record]] = {}
         self._capacity = capacity
+        # The records' schema, when all are of one: their copies then skip the non-arrays.
+        self._copy = copy_record if schema is None else record_copier(schema)
         self.hits = 0
         self.misses = 0
 
@@ -155,7 +157,7 @@ class RecordCache:
             return
         entries = self._entries
         entries.pop(key, None)
-        entries[key] = (raw, copy_record(record))
+        entries[key] = (raw, self._copy(record))
         if len(entries) > self._capacity:
             del entries[next(iter(entries))]
 
@@ -165,7 +167,7 @@ class RecordCache:
             self.misses += 1
             return None
         self.hits += 1
-        return copy_record(entry[1])
+        return self._copy(entry[1])
 
     def __len__(self) -> int:
         return len(self._entries)

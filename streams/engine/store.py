@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Generator
+import functools
+from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
 from schemas import codec, names
+from schemas.registry import default_registry
 
 Record = dict[str, Any]
 
@@ -33,6 +35,29 @@ def copy_record(record: Record) -> Record:
         if type(value) is list:
             out[key] = [dict(v) if type(v) is dict else v for v in value]
     return out
+
+
+@functools.cache
+def record_copier(schema_name: str) -> Callable[[Record], Record]:
+    """copy_record for records of one schema, visiting its array fields instead of every
+    value (1.0 against 1.9 us for an execution). The same copy for any record the store
+    holds: one with a key outside the schema fails to encode and is never stored, so only
+    array fields can hold lists; a missing one is left out of the copy as it is of the
+    record.
+    """
+    fields = default_registry().latest(schema_name).schema["fields"]
+    arrays = tuple(f["name"] for f in fields
+                   if isinstance(f["type"], dict) and f["type"].get("type") == "array")
+
+    def copy_of(record: Record) -> Record:
+        out = dict(record)
+        for key in arrays:
+            value = record.get(key)
+            if type(value) is list:
+                out[key] = [dict(v) if type(v) is dict else v for v in value]
+        return out
+
+    return copy_of
 
 
 class PartitionStore(Protocol):

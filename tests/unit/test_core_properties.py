@@ -118,7 +118,8 @@ class CodecStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self._raw: dict[tuple[str, str], bytes] = {}
-        self.caches = {"job": RecordCache(), "execution": RecordCache()}
+        self.caches = {"job": RecordCache(schema=self.JOB),
+                       "execution": RecordCache(schema=self.EXEC)}
 
     # Stored records are never mutated (reads hand out copies), so the table and the log
     # may share them.
@@ -573,7 +574,8 @@ class PartitionSim(RuleBasedStateMachine):
         self.worker = f"worker-{self.epoch}"
         self.core = PartitionCore(self.store)
         # Another process: its record cache starts empty.
-        self.store.caches = {"job": RecordCache(), "execution": RecordCache()}
+        self.store.caches = {"job": RecordCache(schema=CodecStore.JOB),
+                             "execution": RecordCache(schema=CodecStore.EXEC)}
         k = data.draw(st.integers(0, min(6, len(self.history))))
         tail = [ev for ev, _ in self.history[len(self.history) - k:]]
         for ev in tail:

@@ -17,7 +17,7 @@ from rocksdict import Rdict
 
 from schemas import codec, names
 from streams.engine.faust_store import RecordCache, TableStore
-from streams.engine.store import MemoryStore, Record
+from streams.engine.store import MemoryStore, Record, copy_record, record_copier
 from tests.golden.make_golden import SAMPLES
 
 
@@ -163,3 +163,33 @@ def test_a_fired_timer_is_deleted_without_reading_it_again(tables: Any) -> None:
     assert tables["timers"].db.get(b"t-1") is None
     store.delete_timer(b"t-2")  # never written: nothing to delete, no tombstone either
     assert store.due_timers(b"\xff", 10) == []
+
+
+@pytest.mark.parametrize("name", [names.JOB_STATE, names.EXECUTION_STATE])
+def test_a_schemas_copier_copies_as_copy_record_does(name: str) -> None:
+    # The cache's copies follow copy_record's rule (new top-level dict, new lists, new
+    # dicts in them; nested records shared), visiting only the schema's array fields.
+    copier = record_copier(name)
+    records = SAMPLES[(name, 1)]
+    assert records
+    for record in records:
+        before = copy.deepcopy(record)
+        out, ref = copier(record), copy_record(record)
+        assert out == ref == record and out is not record
+        for key, value in record.items():
+            if type(value) is list:
+                assert out[key] is not value
+                out[key].append("changed")
+                for i, item in enumerate(value):
+                    if type(item) is dict:
+                        assert out[key][i] is not item
+                        out[key][i]["changed"] = True
+            elif type(value) is dict:
+                assert out[key] is value is ref[key]  # shared, as copy_record shares it
+        out["job_id"] = "changed"
+        assert record == before, "a change to the copy reached the original"
+
+
+def test_a_copier_leaves_out_an_array_the_record_lacks() -> None:
+    record = {k: v for k, v in SAMPLES[(names.JOB_STATE, 1)][0].items() if k != "running"}
+    assert record_copier(names.JOB_STATE)(record) == record

@@ -77,7 +77,9 @@ def _str(s: Any) -> bytes:
     if not isinstance(s, str):
         raise Unfit("not a str")
     b = s.encode()
-    return _long(len(b)) + b
+    n = len(b)
+    # _SMALL inline: a Python call less for each of an execution record's ~18 strings.
+    return (_SMALL[n] if n < 16384 else _long(n)) + b
 
 
 def _bytes(b: Any) -> bytes:
@@ -164,11 +166,13 @@ class _Compiler:
             raise Unsupported("logical types")
         if kind == "record":
             self._named[schema["name"]] = schema
-            keys = self.const("K", frozenset(f["name"] for f in schema["fields"]))
             rec = self.fresh("r")
             self.emit(depth, f"{rec} = {expr}")
             if nesting > 0 or not self.other_keys:
-                self.emit(depth, f"if type({rec}) is not dict or {rec}.keys() != {keys}:")
+                # Every field is read below (a missing one raises KeyError), so a dict with
+                # as many keys has no other: a length, not a key-set comparison (~0.7 us).
+                n = len(schema["fields"])
+                self.emit(depth, f"if type({rec}) is not dict or len({rec}) != {n}:")
                 self.emit(depth + 1, "raise Unfit('not a dict of the schema keys')")
             for field in schema["fields"]:
                 val = self.fresh("v")

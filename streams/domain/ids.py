@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Any
 
 _DIGEST_BYTES = 16
 _length = struct.Struct(">I").pack
+
+
+# Tag and length prefix of the short parts every id has, looked up instead of packed.
+_STR_HEAD = tuple(b"s" + _length(n) for n in range(256))
+_INT_HEAD = tuple(b"i" + _length(n) for n in range(21))
 
 
 def encode_parts(*parts: str | int) -> bytes:
@@ -20,26 +26,47 @@ def encode_parts(*parts: str | int) -> bytes:
 
     Plain concatenation would make ("a", "1") and ("a1", "") equal, and the tag keeps
     ``"1"`` and ``1`` apart. Ids already in Kafka depend on these exact bytes. Three ids
-    per execution: joined chunks instead of a growing bytearray, 1.56 -> 1.16 us for an
-    event id's parts.
+    per execution: exact str and int parts take a looked-up prefix, and _digest copies a
+    prepared hasher (an event id 24,500 -> 18,600 instructions in all, as bench.instructions
+    counts them); subclasses take the general path.
     """
     chunks: list[bytes] = []
+    add = chunks.append
+    part: Any  # the exact-type tests below do not narrow for mypy
     for part in parts:
-        if isinstance(part, str):
+        kind = type(part)
+        if kind is str:
             raw = part.encode("utf-8")
-            chunks += (b"s", _length(len(raw)), raw)
+            n = len(raw)
+            add(_STR_HEAD[n] if n < 256 else b"s" + _length(n))
+        elif kind is int:
+            raw = b"%d" % part
+            n = len(raw)
+            add(_INT_HEAD[n] if n < 21 else b"i" + _length(n))
+        elif isinstance(part, str):
+            raw = part.encode("utf-8")
+            add(b"s" + _length(len(raw)))
         elif isinstance(part, int) and not isinstance(part, bool):
             raw = b"%d" % part
-            chunks += (b"i", _length(len(raw)), raw)
+            add(b"i" + _length(len(raw)))
         else:
             raise TypeError(f"id parts must be str or int, not {type(part).__name__}")
+        add(raw)
     return b"".join(chunks)
 
 
+_HASHERS: dict[bytes, hashlib.blake2b] = {}
+
+
 def _digest(person: bytes, *parts: str | int) -> str:
-    return hashlib.blake2b(
-        encode_parts(*parts), digest_size=_DIGEST_BYTES, person=person
-    ).hexdigest()
+    # A copy of a hasher set up once per personalisation: blake2b's keyword arguments
+    # were parsed at every id.
+    base = _HASHERS.get(person)
+    if base is None:
+        base = _HASHERS[person] = hashlib.blake2b(digest_size=_DIGEST_BYTES, person=person)
+    h = base.copy()
+    h.update(encode_parts(*parts))
+    return h.hexdigest()
 
 
 def exec_id(job_id: str, scheduled_for_ms: int) -> str:

@@ -39,15 +39,17 @@ def copy_record(record: Record) -> Record:
 
 @functools.cache
 def record_copier(schema_name: str) -> Callable[[Record], Record]:
-    """copy_record for records of one schema, visiting its array fields instead of every
-    value (1.0 against 1.9 us for an execution). The same copy for any record the store
-    holds: one with a key outside the schema fails to encode and is never stored, so only
-    array fields can hold lists; a missing one is left out of the copy as it is of the
-    record.
-    """
-    fields = default_registry().latest(schema_name).schema["fields"]
-    arrays = tuple(f["name"] for f in fields
-                   if isinstance(f["type"], dict) and f["type"].get("type") == "array")
+    """copy_record for records of one schema (see copier_for_fields)."""
+    return copier_for_fields(default_registry().latest(schema_name).schema["fields"])
+
+
+def copier_for_fields(fields: list[dict[str, Any]]) -> Callable[[Record], Record]:
+    """copy_record for records with these fields, visiting the fields that may hold an
+    array (an array, or a union with one) instead of every value: 1.0 against 1.9 us for an
+    execution. The same copy for any record the store holds: one with a key outside its
+    schema fails to encode and is never stored, so only those fields can hold lists; a
+    missing one is left out of the copy as it is of the record."""
+    arrays = tuple(f["name"] for f in fields if _may_hold_array(f["type"]))
 
     def copy_of(record: Record) -> Record:
         out = dict(record)
@@ -58,6 +60,12 @@ def record_copier(schema_name: str) -> Callable[[Record], Record]:
         return out
 
     return copy_of
+
+
+def _may_hold_array(schema: Any) -> bool:
+    if isinstance(schema, list):  # a union
+        return any(_may_hold_array(branch) for branch in schema)
+    return isinstance(schema, dict) and schema.get("type") == "array"
 
 
 class PartitionStore(Protocol):

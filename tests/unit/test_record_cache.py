@@ -17,7 +17,13 @@ from rocksdict import Rdict
 
 from schemas import codec, names
 from streams.engine.faust_store import RecordCache, TableStore
-from streams.engine.store import MemoryStore, Record, copy_record, record_copier
+from streams.engine.store import (
+    MemoryStore,
+    Record,
+    copier_for_fields,
+    copy_record,
+    record_copier,
+)
 from tests.golden.make_golden import SAMPLES
 
 
@@ -193,3 +199,19 @@ def test_a_schemas_copier_copies_as_copy_record_does(name: str) -> None:
 def test_a_copier_leaves_out_an_array_the_record_lacks() -> None:
     record = {k: v for k, v in SAMPLES[(names.JOB_STATE, 1)][0].items() if k != "running"}
     assert record_copier(names.JOB_STATE)(record) == record
+
+
+def test_a_copier_copies_a_nullable_array_too() -> None:
+    # A field may become ["null", array] in a later schema: its list must still be copied,
+    # or the core's in-place appends would reach the cached record.
+    fields = [{"name": "ids", "type": ["null", {"type": "array", "items": "string"}]},
+              {"name": "items", "type": {"type": "array", "items": {
+                  "type": "record", "name": "t.Item", "fields": [{"name": "x", "type": "long"}]}}},
+              {"name": "n", "type": "long"}]
+    record: Record = {"ids": ["a"], "items": [{"x": 1}], "n": 3}
+    out = copier_for_fields(fields)(record)
+    out["ids"].append("b")
+    out["items"][0]["x"] = 2
+    assert record == {"ids": ["a"], "items": [{"x": 1}], "n": 3}
+    assert copier_for_fields(fields)({"ids": None, "items": [], "n": 1}) == {
+        "ids": None, "items": [], "n": 1}

@@ -11,7 +11,7 @@ valgrind's cachegrind (instruction counting only, no cache simulation), once for
 number of seconds, with the same jobs and hash seed. Start-up, imports and the creates
 are the same in both runs, so the difference divided by the extra executions is what one
 execution costs the core (fire and finish, RocksDB included; the produce and Faust are
-not, as in core_micro). Two runs of the same commit differ by under 0.01%.
+not, as in core_micro). Two runs of the same commit differed by under 0.05%.
 
 Instructions are not time (a cache miss costs more than an add), so a change is judged by
 both: instructions to see it at all, the full benches to see that it matters.

@@ -247,6 +247,9 @@ def timers(
     = 10_000,
     due_in: Annotated[int, typer.Option(min=60, help="They are due this many seconds out.")]
     = 86_400,
+    batch: Annotated[int, typer.Option(
+        min=1, max=500, help="Jobs per command: 1 sends CreateJob, more send CreateJobs "
+        "records of up to this many jobs of one partition.")] = 1,
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
     plot_dir: PlotOpt = None,
@@ -269,7 +272,8 @@ def timers(
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
                   repeat=repeat, broker_warmup_s=broker_warmup)
-    run(scenarios.timers, opts, jobs=jobs, partitions=partitions, due_in_s=due_in)
+    run(scenarios.timers, opts, jobs=jobs, partitions=partitions, due_in_s=due_in,
+        batch=batch)
 
 
 @bench_app.command()

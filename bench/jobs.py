@@ -19,6 +19,7 @@ from schemas import codec
 
 TENANT = "bench"
 CREATE = "kron.commands.CreateJob"
+CREATE_MANY = "kron.commands.CreateJobs"
 
 
 def http_target(url: str) -> tuple[str, dict[str, Any]]:
@@ -47,15 +48,23 @@ def job_spec(*, target: tuple[str, dict[str, Any]], cron: str | None = None,
     }
 
 
+def _envelope(command_id: str, event_type: str) -> dict[str, Any]:
+    return {"event_id": command_id, "event_type": event_type, "schema_version": 1,
+            "occurred_at_ms": time.time_ns() // 1_000_000, "tenant": TENANT,
+            "causation_id": None, "correlation_id": None, "producer": "kron-bench"}
+
+
 def create_command(job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     command_id = uuid.uuid4().hex
-    return {
-        "envelope": {"event_id": command_id, "event_type": "job.create_requested",
-                     "schema_version": 1, "occurred_at_ms": time.time_ns() // 1_000_000,
-                     "tenant": TENANT, "causation_id": None, "correlation_id": None,
-                     "producer": "kron-bench"},
-        "command_id": command_id, "job_id": job_id, "idempotency_key": None, "spec": spec,
-    }
+    return {"envelope": _envelope(command_id, "job.create_requested"),
+            "command_id": command_id, "job_id": job_id, "idempotency_key": None, "spec": spec}
+
+
+def create_many_command(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A CreateJobs batch (streams/engine/batch.py) of {job_id, idempotency_key, spec}."""
+    command_id = uuid.uuid4().hex
+    return {"envelope": _envelope(command_id, "job.create_many_requested"),
+            "command_id": command_id, "jobs": jobs}
 
 
 class CommandSink:
@@ -80,15 +89,16 @@ class CommandSink:
     def record_acks(self) -> None:
         self.ack_times, self.ack_latency_ms = array("d"), array("d")
 
-    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+    def _delivered(self, err: KafkaError | None, msg: Any, jobs: int = 1) -> None:
         if err is not None:
             self.errors.append(str(err))
             return
-        self.acked += 1
+        self.acked += jobs
         self.last_ack = time.monotonic()
         if self.ack_times is not None and self.ack_latency_ms is not None:
-            self.ack_times.append(self.last_ack)
-            self.ack_latency_ms.append((msg.latency() or 0.0) * 1000)
+            # Per job, so a batch's jobs count in the plots as the jobs of single creates.
+            self.ack_times.extend([self.last_ack] * jobs)
+            self.ack_latency_ms.extend([(msg.latency() or 0.0) * 1000] * jobs)
 
     def create(self, job_id: str, spec: dict[str, Any], *, partition: int | None = None) -> None:
         value = codec.encode(CREATE, create_command(job_id, spec))
@@ -96,6 +106,21 @@ class CommandSink:
                                   "on_delivery": self._delivered}
         if partition is not None:
             kwargs["partition"] = partition  # probes: one per partition, to reach every owner
+        self._produce(kwargs)
+
+    def create_many(self, partition: int, jobs: list[dict[str, Any]]) -> None:
+        """One CreateJobs record for jobs of one partition (batch.group_by_partition);
+        `acked` counts its jobs."""
+        value = codec.encode(CREATE_MANY, create_many_command(jobs))
+        count = len(jobs)
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            self._delivered(err, msg, count)
+
+        self._produce({"key": jobs[0]["job_id"].encode(), "value": value,
+                       "partition": partition, "on_delivery": delivered})
+
+    def _produce(self, kwargs: dict[str, Any]) -> None:
         for _ in range(1000):  # bounded: a full queue drains within seconds or Kafka is down
             try:
                 self.producer.produce(self.topic, **kwargs)

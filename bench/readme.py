@@ -151,7 +151,8 @@ def options(r: Result) -> str:
     parts = {
         "steady": [str(r.get("target")), f"{num(r.get('rate'))}/s x {num(_window(r))} s", w],
         "burst": [f"{num(r.get('jobs'))} jobs", w],
-        "timers": [f"{num(r.get('jobs'))} jobs"],
+        "timers": [f"{num(r.get('jobs'))} jobs"] + (
+            [f"CreateJobs of {num(r['batch'])}"] if r.get("batch", 1) > 1 else []),
         "api": [f"{r.get('concurrency')} clients x {num(r.get('duration_s'))} s", w],
         "failover": [f"{num(r.get('rate'))}/s x {num(_window(r))} s",
                      f"kill at {num(r.get('kill_after_s'))} s"],

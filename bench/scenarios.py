@@ -13,7 +13,7 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +26,7 @@ from bench.report import Result, log, rate, summary
 from bench.results import speed_probe_ms
 from bench.stack import History, Stack, du_bytes, executor_of
 from streams.domain.schedule import apply_jitter
+from streams.engine.batch import group_by_partition
 
 # A cron job per unit of rate: six fields, the first is seconds.
 EVERY_SECOND = "* * * * * *"
@@ -142,8 +143,9 @@ def drain(hits: list[Hit], seen: Deliveries, prefix: str, expected: int, timeout
 
 
 def create_jobs(stack: Stack, ids: Iterable[str], spec: dict[str, Any],
-                timeout_s: float, total: int) -> dict[str, float]:
-    """Produces a CreateJob per id (`total` of them), then waits for the worker to apply them.
+                timeout_s: float, total: int, *, batch: int = 1) -> dict[str, float]:
+    """Produces a CreateJob per id (`total` of them), or CreateJobs records of up to `batch`
+    jobs of one partition, then waits for the worker to apply them.
 
     Returns seconds from the first produce to the last ack, and to the last JobState the
     worker wrote (each create writes exactly one to kron.jobs).
@@ -152,10 +154,9 @@ def create_jobs(stack: Stack, ids: Iterable[str], spec: dict[str, Any],
     started = time.monotonic()
     n = 0
     with Bar("creating (acked by Kafka)", total, unit=" jobs") as bar:
-        for job_id in ids:
-            stack.sink.create(job_id, spec)
-            n += 1
-            if n % 1000 == 0:  # the bar reads the clock; not once per job
+        for sent in _send_creates(stack, ids, spec, batch):
+            before, n = n, n + sent
+            if n // 1000 != before // 1000:  # the bar reads the clock; not once per job
                 bar.update(stack.sink.acked - acked_before)
         stack.sink.flush()
         bar.update(stack.sink.acked - acked_before)
@@ -168,6 +169,20 @@ def create_jobs(stack: Stack, ids: Iterable[str], spec: dict[str, Any],
         raise RuntimeError(f"the worker applied {stack.count('jobs') - base} of {n} creates "
                            f"within {timeout_s:.0f}s")
     return {"acked_s": round(acked, 3), "applied_s": round(applied_at - started, 3)}
+
+
+def _send_creates(stack: Stack, ids: Iterable[str], spec: dict[str, Any],
+                  batch: int) -> Iterator[int]:
+    """Sends the creates; yields how many jobs each record carried."""
+    if batch == 1:
+        for job_id in ids:
+            stack.sink.create(job_id, spec)
+            yield 1
+        return
+    jobs = ({"job_id": job_id, "idempotency_key": None, "spec": spec} for job_id in ids)
+    for partition, group in group_by_partition(jobs, stack.partitions, size=batch):
+        stack.sink.create_many(partition, group)
+        yield len(group)
 
 
 def lead_ms(jobs: int) -> float:
@@ -490,7 +505,7 @@ def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = N
 # --- timers -----------------------------------------------------------------------------------
 
 
-def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400,
+def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400, batch: int = 1,
            plot_dir: Path | None = None, label: str | None = None,
            worker_env: dict[str, str] | None = None,
            broker_warmup_s: float = 0.0) -> Result:
@@ -506,7 +521,7 @@ def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400,
             stack.sink.record_acks()
         started = time.monotonic()
         setup = create_jobs(stack, (f"p-{i}" for i in range(jobs)), spec,
-                            timeout_s=max(120.0, jobs / 50), total=jobs)
+                            timeout_s=max(120.0, jobs / 50), total=jobs, batch=batch)
         stack.mark_end()
         plots = _timers_plots(stack, plot_dir, plot_stem("timers", label), started, jobs)
         time.sleep(2.0)  # let RocksDB flush and the RSS settle before reading them
@@ -524,7 +539,7 @@ def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400,
         result = common(stack, "timers", executions=0, duration_s=total_s, lateness=[],
                         history=history, seen=None)
         result.update({
-            "jobs": jobs,
+            "jobs": jobs, "batch": batch,
             "create_acked_per_s": rate(jobs, setup["acked_s"]),
             "create_applied_per_s": rate(jobs, setup["applied_s"]),
             "setup": setup, "pending": pending,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 CREATE_JOB: Final = "kron.commands.CreateJob"
+CREATE_JOBS: Final = "kron.commands.CreateJobs"
 UPDATE_JOB: Final = "kron.commands.UpdateJob"
 PAUSE_JOB: Final = "kron.commands.PauseJob"
 RESUME_JOB: Final = "kron.commands.ResumeJob"
@@ -34,6 +35,7 @@ DEAD_LETTER: Final = "kron.deadletter.DeadLetter"
 
 COMMANDS: Final = (
     CREATE_JOB,
+    CREATE_JOBS,
     UPDATE_JOB,
     PAUSE_JOB,
     RESUME_JOB,

@@ -28,6 +28,7 @@ from streams.changelog import ChangelogProducer
 from streams.collector import IdleCollector
 from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
+from streams.engine.batch import apply_batch
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore, PlanCache
 from streams.engine.faust_store import (
     EXECUTION_STATE,
@@ -448,6 +449,9 @@ class Engine:
                 if decoded.name == names.TICK:
                     await self._tick(msg.partition, decoded.record)
                     continue
+                if decoded.name == names.CREATE_JOBS:
+                    await self._create_jobs(msg, decoded.record)
+                    continue
                 effects = self._handle(msg, decoded)
             except (DecodeError, PermanentError) as exc:
                 await self._dead_letter(msg, exc)
@@ -467,12 +471,14 @@ class Engine:
                            partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
                            terminal=self.terminal, job_cache=self.job_cache,
                            execution_cache=self.execution_cache)
-        ctx = Context(now_ms=rec["envelope"]["occurred_at_ms"],
-                      causation_id=rec["envelope"]["event_id"],
-                      worker=self.settings.worker_id, epoch=epoch,
-                      incarnation=self.incarnation,
-                      misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
-        return PartitionCore(store, self.plans), ctx
+        return PartitionCore(store, self.plans), self._context(rec, epoch)
+
+    def _context(self, rec: dict[str, Any], epoch: int) -> Context:
+        return Context(now_ms=rec["envelope"]["occurred_at_ms"],
+                       causation_id=rec["envelope"]["event_id"],
+                       worker=self.settings.worker_id, epoch=epoch,
+                       incarnation=self.incarnation,
+                       misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
 
     async def _tick(self, partition: int, rec: dict[str, Any], *, here: bool = False) -> None:
         """Fire what is due, TICK_CHUNK timers at a time, dispatching each chunk before the
@@ -520,6 +526,24 @@ class Engine:
             return []
         raise PermanentError(f"{name} does not belong on {msg.topic}", field=None)
 
+    async def _create_jobs(self, msg: Any, batch: dict[str, Any]) -> None:
+        """Each job of a CreateJobs batch as its own CreateJob (streams/engine/batch.py): one
+        that cannot be created is dead-lettered alone, naming its index, and the rest are
+        created."""
+        core, ctx = self._core(msg.partition, batch)
+        self.stats.commands += len(batch["jobs"])
+        effects, refused = apply_batch(
+            core, batch, partitions=self.settings.partitions, partition=msg.partition,
+            context=lambda: self._context(batch, ctx.epoch),
+            recoverable=lambda exc: not _environmental(exc))
+        for one in refused:
+            if not isinstance(one.error, PermanentError):
+                log.error("creating %s of a batch failed; dead-lettering it", one.where,
+                          exc_info=one.error)
+        await self._apply(effects, msg.partition)
+        for one in refused:
+            await self._dead_letter(msg, one.error, item=one.where)
+
     def _on_report(self, partition: int, name: str, rec: dict[str, Any]) -> list[Any]:
         """An attempt's report, or a batch of them: from kron.signals, or from our own
         executor for a partition we own (_apply_results)."""
@@ -544,21 +568,27 @@ class Engine:
             self._topics[name] = self.app.topic(self.settings.topic(name), **RAW)
         return self._topics[name]
 
-    async def _dead_letter(self, msg: Any, exc: Exception) -> None:
+    async def _dead_letter(self, msg: Any, exc: Exception, *, item: str | None = None) -> None:
+        """`item`: the part of a batch record that failed (its other parts were applied);
+        it names the dead letter and leads its error."""
         self.stats.dead_letters += 1
         now = self.clock.now_ms()
         error_class = ("decode" if isinstance(exc, DecodeError)
                        else "validation" if isinstance(exc, PermanentError) else "handler")
+        event_id = f"dlq:{msg.topic}:{msg.partition}:{msg.offset}"
+        error = f"{type(exc).__name__}: {exc}"
+        if item is not None:
+            event_id, error = f"{event_id}:{item}", f"{item}: {error}"
         record = {
-            "envelope": {"event_id": f"dlq:{msg.topic}:{msg.partition}:{msg.offset}",
+            "envelope": {"event_id": event_id,
                          "event_type": "record.dead_lettered", "schema_version": 1,
                          "occurred_at_ms": now, "tenant": "", "causation_id": None,
                          "correlation_id": None, "producer": self.settings.worker_id},
             "source_topic": msg.topic, "source_partition": msg.partition,
             "source_offset": msg.offset, "key": msg.key, "value": msg.value,
-            "error": f"{type(exc).__name__}: {exc}"[:4000], "error_class": error_class,
+            "error": error[:4000], "error_class": error_class,
         }
-        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, exc)
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, error)
         await self.dead_letters.send(key=msg.key, value=codec.encode(
             "kron.deadletter.DeadLetter", record), partition=msg.partition)
 

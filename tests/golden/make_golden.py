@@ -489,6 +489,14 @@ def _v1_samples() -> dict[str, list[Record]]:
 # wrote, so later versions add their own entries rather than editing these.
 SAMPLES: dict[tuple[str, int], list[Record]] = {
     **{(name, 1): records for name, records in _v1_samples().items()},
+    ("kron.commands.CreateJobs", 1): [
+        {"envelope": _env("job.create_many_requested", 1), "command_id": "cmd-1",
+         "jobs": [{"job_id": "job-1", "idempotency_key": "idem-1", "spec": SPEC_HTTP_FULL},
+                  {"job_id": "job-2", "idempotency_key": None, "spec": SPEC_KAFKA_MIN},
+                  {"job_id": "job-3", "idempotency_key": None, "spec": SPEC_COMMAND}]},
+        {"envelope": _env("job.create_many_requested", 2, full=False), "command_id": "cmd-2",
+         "jobs": []},
+    ],
     ("kron.engine.Tick", 2): [
         {"envelope": _env("engine.ticked", 1), "partition": 0, "now_ms": T0,
          "fire_ahead_ms": 3_000},

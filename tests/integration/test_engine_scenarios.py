@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Producer
 
 from replay.reader import read_topic
+from streams.engine.batch import partition_for
 from tests.support.stack import executions, latest_executions, spec, wait_until
 
 pytestmark = pytest.mark.integration
@@ -195,6 +196,52 @@ def test_poison_records_go_to_dead_letters_and_the_partition_moves_on(stack) -> 
     classes = sorted(r["error_class"] for r in found)
     assert classes == ["decode", "decode", "decode", "validation", "validation"]
     assert all(r["source_offset"] >= 0 and r["source_partition"] >= 0 for r in found)
+
+
+def test_create_jobs_batch_creates_its_jobs_and_dead_letters_only_the_bad_ones(stack) -> None:
+    n, prefix = stack.settings.partitions, new_job()
+    candidates = (f"{prefix}-{i}" for i in itertools.count())
+    first = next(candidates)
+    home = partition_for(first, n)
+    mine = [first, *itertools.islice((c for c in candidates if partition_for(c, n) == home), 3)]
+    stranger = next(c for c in candidates if partition_for(c, n) != home)
+    target = {"url": f"{stack.receiver.url}/ok"}
+
+    def job(job_id: str, run_at_ms: int) -> dict:
+        return {"job_id": job_id, "idempotency_key": None,
+                "spec": spec(target=target, run_at_ms=run_at_ms)}
+
+    run_at = now_ms() + 500
+    jobs = [job(j, run_at) for j in mine[:3]]
+    jobs += [job(stranger, run_at), job(mine[0], run_at), job(mine[3], 253_402_300_800_001)]
+    command_id = uuid.uuid4().hex
+    batch = {"envelope": {"event_id": command_id, "event_type": "job.create_many_requested",
+                          "schema_version": 1, "occurred_at_ms": now_ms(), "tenant": "acme",
+                          "causation_id": None, "correlation_id": None, "producer": "tests"},
+             "command_id": command_id, "jobs": jobs}
+    publish = stack.commands.publisher.publish_sync
+    partition, offset = publish("kron.commands.CreateJobs", batch, key=first)
+    assert partition == home  # librdkafka's murmur2_random agrees with partition_for
+    publish("kron.commands.CreateJobs", batch, key=first)  # delivered twice: no new job
+    for job_id in mine[:3]:
+        assert stack.receiver.wait_for(job_id, 1, 20), f"{job_id} of the batch did not run"
+
+    def letters() -> list:
+        return [e.record for e in read_topic(stack.settings.bootstrap_servers,
+                                             stack.settings.topic("dead-letters"))
+                if e.record and (e.key or b"").decode() == first
+                and e.record["source_topic"] == stack.settings.topic("commands")]
+
+    found = wait_until(lambda: len(letters()) >= 6 and letters(), 15)
+    assert found, "the refused jobs were not dead-lettered"
+    first_copy = [r for r in found if r["source_offset"] == offset]
+    assert sorted(r["error"].split(":")[0] for r in first_copy) == [
+        "jobs[3]", "jobs[4]", "jobs[5]"]
+    assert len({r["envelope"]["event_id"] for r in first_copy}) == 3
+    assert {r["error_class"] for r in found} == {"validation"}
+    time.sleep(1.5)
+    assert [len(stack.receiver.hits_for(j)) for j in mine] == [1, 1, 1, 0]
+    assert stack.receiver.hits_for(stranger) == []
 
 
 def test_long_attempt_heartbeats_past_its_lease(stack) -> None:

@@ -197,6 +197,13 @@ def test_the_fire_ahead_window_a_result_ran_with_is_spelled_out() -> None:
     assert "fire-ahead" not in options({"scenario": "api", "concurrency": 32, "duration_s": 30})
 
 
+def test_a_timers_run_with_batched_creates_says_so() -> None:
+    assert options({"scenario": "timers", "jobs": 1000}) == "1,000 jobs"
+    assert options({"scenario": "timers", "jobs": 1000, "batch": 1}) == "1,000 jobs"
+    assert options({"scenario": "timers", "jobs": 1000, "batch": 100}) == (
+        "1,000 jobs, CreateJobs of 100")
+
+
 def test_a_single_runs_host_probe_is_shown_and_an_old_result_without_one_is_not() -> None:
     probed = {**STEADY, "host": {"probe_ms_before": 64.3, "probe_ms_after": 80.0}}
     assert readme.row("steady-kafka", probed)[11].endswith("; host probe 64.3 ms")

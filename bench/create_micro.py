@@ -1,0 +1,91 @@
+"""The worker's cost per create, without Faust or a broker.
+
+    python -m bench.create_micro [--jobs 20000] [--batch 1] [--profile]
+
+Pending one-off jobs (as `kron bench timers` creates them) go through what the worker does
+with a command record after Faust hands it over: the Avro decode, then one CreateJob
+(`--batch 1`, with the spec's bytes adopted as the engine does) or a CreateJobs batch of
+up to --batch jobs (streams.engine.batch.apply_batch), over real RocksDB stores
+(core_micro's). The records are encoded before the clock starts. Faust's consumer and
+stream, and each state write's produce, are left out: `kron bench timers` measures them.
+Reports CPU microseconds per create.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.core_micro import T0_MS, Partition
+from bench.jobs import create_command, create_many_command, http_target, job_spec
+from schemas import codec, names
+from streams.engine.batch import apply_batch
+from streams.engine.faust_store import job_encoder
+
+
+def records(jobs: int, batch: int) -> list[bytes]:
+    spec = job_spec(target=http_target("http://127.0.0.1:9/never"),
+                    run_at_ms=T0_MS + 86_400_000)
+    ids = [f"p-{i}" for i in range(jobs)]
+    if batch == 1:
+        return [codec.encode(names.CREATE_JOB, create_command(i, spec)) for i in ids]
+    return [codec.encode(names.CREATE_JOBS, create_many_command(
+        [{"job_id": i, "idempotency_key": None, "spec": spec} for i in ids[at:at + batch]]))
+        for at in range(0, jobs, batch)]
+
+
+def apply(part: Partition, value: bytes) -> None:
+    """One command record, as Engine._agent applies it (one partition of one)."""
+    decoded = codec.decode(value)
+    core = part.core()
+    if decoded.name == names.CREATE_JOBS:
+        _, refused = apply_batch(core, decoded.record, partitions=1, partition=0,
+                                 context=lambda: part.ctx(T0_MS), recoverable=lambda e: False)
+        assert not refused, refused
+        return
+    job_encoder().adopt(value, decoded)
+    core.on_command(decoded.name, decoded.record, part.ctx(T0_MS))
+
+
+def run(jobs: int, batch: int, root: Path) -> dict[str, Any]:
+    values = records(jobs, batch)
+    part = Partition(root)
+    try:
+        started = time.process_time()
+        for value in values:
+            apply(part, value)
+        spent = time.process_time() - started
+        created = sum(1 for _ in part.tables["jobs"].db.items())
+        assert created == jobs, f"{created} of {jobs} jobs created"
+        return {"jobs": jobs, "batch": batch, "create_us": round(spent / jobs * 1e6, 1)}
+    finally:
+        part.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="kron-create-micro-"))
+    try:
+        if args.profile:
+            profiler = cProfile.Profile()
+            result = profiler.runcall(run, args.jobs, args.batch, root)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        else:
+            result = run(args.jobs, args.batch, root)
+        print(result)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 import shutil
 import tempfile
@@ -40,11 +41,18 @@ def records(jobs: int, batch: int) -> list[bytes]:
         for at in range(0, jobs, batch)]
 
 
+@functools.cache
+def reader() -> codec.ItemFieldReader:
+    return codec.ItemFieldReader(names.CREATE_JOBS)
+
+
 def apply(part: Partition, value: bytes) -> None:
     """One command record, as Engine._agent applies it (one partition of one)."""
-    decoded = codec.decode(value)
+    decoded, spec_bytes = reader().decode(value)
     core = part.core()
     if decoded.name == names.CREATE_JOBS:
+        for job, blob in zip(decoded.record["jobs"], spec_bytes, strict=True):
+            job_encoder().keep(job["spec"], blob)
         _, refused = apply_batch(core, decoded.record, partitions=1, partition=0,
                                  context=lambda: part.ctx(T0_MS), recoverable=lambda e: False)
         assert not refused, refused

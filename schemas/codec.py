@@ -325,10 +325,101 @@ class SplicedEncoder:
         self._keep(value, blob)
         return blob
 
+    def keep(self, value: Any, blob: bytes) -> None:
+        """Write `blob` for `value` while it is the field's object: the caller read `value`
+        from exactly these bytes with this field's schema (ItemFieldReader)."""
+        self._keep(value, blob)
+
     def _keep(self, value: Any, blob: bytes) -> None:
         self._blobs[id(value)] = (value, blob)
         if len(self._blobs) > self._capacity:
             del self._blobs[next(iter(self._blobs))]
+
+
+class ItemFieldReader:
+    """Decodes the latest version of a record whose last field is an array of records, and
+    keeps the bytes of one field of each item: the last field of the item's schema.
+
+    The mirror of ``SplicedEncoder.adopt`` for batches: the jobs of a CreateJobs record are
+    written with their specs' bytes as they came (``SplicedEncoder.keep``), not encoded
+    again (the spec encode was the largest part of a batched create). fastavro reads the
+    parts one by one from one buffer, so each field's bytes are where the buffer stood
+    before and after it. The record is the one ``Codec.decode`` returns; bytes of another
+    schema version, or that this reader cannot read, are decoded by ``Codec.decode``
+    (with its errors), with no field bytes kept.
+    """
+
+    def __init__(self, name: str, *, registry: SchemaRegistry | None = None) -> None:
+        self._codec = default_codec() if registry is None else Codec(registry)
+        entry = self._codec.registry.latest(name)
+        fields = entry.schema["fields"]
+        items = _bare(fields[-1]["type"])
+        if not (isinstance(items, dict) and items.get("type") == "array"):
+            raise ValueError(f"the last field of {name} is not an array")
+        named: dict[str, Any] = {}
+        self._head = parse_schema({"type": "record", "name": f"{name}.Head",
+                                   "fields": fields[:-1]}, named_schemas=named)
+        item: Any = parse_schema(items["items"], named_schemas=named)
+        item_fields = item["fields"]
+        self._item_head = parse_schema({"type": "record", "name": f"{item['name']}.Head",
+                                        "fields": item_fields[:-1]}, named_schemas=named)
+        self._field_schema = parse_schema(item_fields[-1]["type"], named_schemas=named)
+        self._array, self._field = fields[-1]["name"], item_fields[-1]["name"]
+        self._entry = entry
+        self._tag = _has_record_union(entry.schema)
+
+    def decode(self, data: bytes) -> tuple[Decoded, list[bytes]]:
+        if data[:HEADER_LEN] != self._entry.header:
+            return self._codec.decode(data), []
+        try:
+            record, kept = self._read(data)
+        except Exception:  # Codec.decode says what is wrong with the bytes
+            return self._codec.decode(data), []
+        version = self._entry.version
+        return Decoded(name=self._entry.name, version=version, reader_version=version,
+                       record=record), kept
+
+    def _read(self, data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+        buf = BytesIO(data)
+        buf.seek(HEADER_LEN)
+        tag = self._tag
+        record = cast(dict[str, Any], schemaless_reader(
+            buf, self._head, None, return_record_name=tag, return_record_name_override=tag))
+        items: list[dict[str, Any]] = []
+        kept: list[bytes] = []
+        while count := _read_long(buf):
+            if count < 0:  # a block with its size in bytes after the count
+                count = -count
+                _read_long(buf)
+            for _ in range(count):
+                one = cast(dict[str, Any], schemaless_reader(
+                    buf, self._item_head, None, return_record_name=tag,
+                    return_record_name_override=tag))
+                start = buf.tell()
+                one[self._field] = schemaless_reader(
+                    buf, self._field_schema, None, return_record_name=tag,
+                    return_record_name_override=tag)
+                kept.append(data[start:buf.tell()])
+                items.append(one)
+        if buf.tell() != len(data):
+            raise ValueError("trailing bytes")
+        record[self._array] = items
+        return record, kept
+
+
+def _read_long(buf: BytesIO) -> int:
+    """An Avro long: a zigzag varint."""
+    shift = value = 0
+    while True:
+        byte = buf.read(1)
+        if not byte:
+            raise EOFError("a long ends early")
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return (value >> 1) ^ -(value & 1)
+        shift += 7
+        if shift > 63:
+            raise ValueError("a long longer than 10 bytes")
 
 
 def _bare(parsed: Any) -> Any:

@@ -142,6 +142,7 @@ class Engine:
         self.job_cache = RecordCache(schema=JOB_STATE)
         self.execution_cache = RecordCache(schema=EXECUTION_STATE)
         self.plans = PlanCache()
+        self.batch_reader = codec.ItemFieldReader(names.CREATE_JOBS)
         # This process: slots it decides ahead are held here and nowhere else.
         self.incarnation = uuid.uuid4().hex
         # Built now, started with the app: a dispatch may arrive before the start-up task.
@@ -445,12 +446,13 @@ class Engine:
                 self._tune_fetches()
             await self._hold_lease()
             try:
-                decoded = codec.decode(msg.value)
+                # Spec bytes of a CreateJobs batch's jobs, which are written with them.
+                decoded, spec_bytes = self.batch_reader.decode(msg.value)
                 if decoded.name == names.TICK:
                     await self._tick(msg.partition, decoded.record)
                     continue
                 if decoded.name == names.CREATE_JOBS:
-                    await self._create_jobs(msg, decoded.record)
+                    await self._create_jobs(msg, decoded.record, spec_bytes)
                     continue
                 effects = self._handle(msg, decoded)
             except (DecodeError, PermanentError) as exc:
@@ -526,10 +528,13 @@ class Engine:
             return []
         raise PermanentError(f"{name} does not belong on {msg.topic}", field=None)
 
-    async def _create_jobs(self, msg: Any, batch: dict[str, Any]) -> None:
+    async def _create_jobs(self, msg: Any, batch: dict[str, Any], spec_bytes: list[bytes]) -> None:
         """Each job of a CreateJobs batch as its own CreateJob (streams/engine/batch.py): one
         that cannot be created is dead-lettered alone, naming its index, and the rest are
         created."""
+        encoder = job_encoder()
+        for job, blob in zip(batch["jobs"], spec_bytes, strict=False):
+            encoder.keep(job["spec"], blob)
         core, ctx = self._core(msg.partition, batch)
         self.stats.commands += len(batch["jobs"])
         effects, refused = apply_batch(

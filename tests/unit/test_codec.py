@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import names
-from schemas.codec import Codec, Decoded, SplicedEncoder, decode, encode
+from schemas.codec import Codec, Decoded, ItemFieldReader, SplicedEncoder, decode, encode
 from schemas.envelope import make_envelope
 from schemas.errors import (
     DECODE_REASONS,
@@ -719,6 +719,67 @@ def test_v2_bytes_resolve_to_a_pinned_v1_reader(tmp_path: Path) -> None:
     assert "priority" not in old.record and "labels" not in old.record["spec"]
     # A process that only knows v1 cannot even identify v2 bytes: deploy readers first.
     assert _reason(v2_bytes) == "unknown_fingerprint"
+
+
+# --- ItemFieldReader: a batch's items with their specs' bytes ----------------------------------
+
+BATCHES = st.fixed_dictionaries({
+    "envelope": ENVELOPES, "command_id": TEXT,
+    "jobs": st.lists(st.fixed_dictionaries(
+        {"job_id": TEXT, "idempotency_key": _opt(TEXT), "spec": JOB_SPECS}), max_size=4)})
+
+
+def _zigzag(n: int) -> bytes:
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    return bytes([*out, z])
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=60)
+@given(BATCHES)
+def test_item_reader_reads_what_decode_reads_and_each_specs_bytes(batch: dict[str, Any]) -> None:
+    data = encode(names.CREATE_JOBS, batch)
+    decoded, kept = ItemFieldReader(names.CREATE_JOBS).decode(data)
+    assert decoded == decode(data)
+    # The bytes kept are what the job's own encoder would write for the spec it holds.
+    fresh = SplicedEncoder(names.JOB_STATE, "spec")
+    assert kept == [fresh._blob(job["spec"]) for job in decoded.record["jobs"]]
+
+
+def test_item_reader_reads_arrays_written_in_sized_blocks() -> None:
+    """Avro lets a writer split an array into blocks, each count negative and followed by
+    its size in bytes; fastavro writes one plain block, other writers may not."""
+    batch = SAMPLES[(names.CREATE_JOBS, 1)][0]
+    reader = ItemFieldReader(names.CREATE_JOBS)
+    head = {k: v for k, v in batch.items() if k != "jobs"}
+    plain = encode(names.CREATE_JOBS, {**head, "jobs": []})  # ends with the count 0
+    one_block = encode(names.CREATE_JOBS, batch)
+    _, blobs = reader.decode(one_block)
+    # A one-job batch is `plain` without its final 0, then the count 1 (one byte), the item
+    # and the final 0.
+    items = [encode(names.CREATE_JOBS, {**head, "jobs": [job]})[len(plain):-1]
+             for job in batch["jobs"]]
+    first, rest = items[:1], items[1:]
+    body = b"".join([_zigzag(-1), _zigzag(len(first[0])), *first,
+                     _zigzag(len(rest)), *rest, _zigzag(0)])
+    data = plain[:-1] + body
+    decoded, kept = reader.decode(data)
+    assert decoded.record == decode(one_block).record == decode(data).record
+    assert kept == blobs and len(kept) == 3
+
+
+def test_item_reader_leaves_other_records_and_bad_bytes_to_decode() -> None:
+    reader = ItemFieldReader(names.CREATE_JOBS)
+    tick = _valid(names.TICK)
+    assert reader.decode(tick) == (decode(tick), [])
+    batch = encode(names.CREATE_JOBS, SAMPLES[(names.CREATE_JOBS, 1)][0])
+    with pytest.raises(DecodeError) as info:
+        reader.decode(batch[:-5])
+    assert info.value.reason == _reason(batch[:-5])
+    with pytest.raises(ValueError, match="not an array"):
+        ItemFieldReader(names.CREATE_JOB)
 
 
 # --- helpers ------------------------------------------------------------------------------------

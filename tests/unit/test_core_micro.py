@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import core_micro
+import pytest
+
+from bench import core_micro, create_micro
 
 
 def test_a_small_run_fires_every_job_every_second(tmp_path: Path) -> None:
@@ -25,3 +27,9 @@ def test_every_execution_it_starts_is_finished(tmp_path: Path) -> None:
         assert len(states) == 5 and set(states.values()) == {"succeeded"}
     finally:
         part.close()
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_create_micro_creates_every_job_once(tmp_path: Path, batch: int) -> None:
+    result = create_micro.run(30, batch, tmp_path)  # run() asserts all 30 are in the table
+    assert result["jobs"] == 30 and result["batch"] == batch and result["create_us"] > 0

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from io import BytesIO
@@ -251,7 +252,9 @@ class SplicedEncoder:
         self._field = field
         self._keys = frozenset(f["name"] for f in fields)
         self._fast = _spliced_fast_path(self._entry.header, self._head, self._tail)
-        self._blobs: dict[int, tuple[Any, bytes]] = {}
+        # Oldest out by popitem: evicting with next(iter()) from a plain dict walks the
+        # slots deleted since its last resize (streams.engine.faust_store.TerminalMemo).
+        self._blobs: OrderedDict[int, tuple[Any, bytes]] = OrderedDict()
         self._capacity = capacity
         # Per record name that adopt() saw: the writer of what precedes the field, or None.
         self._heads: dict[str, Writer | None] = {}
@@ -333,7 +336,7 @@ class SplicedEncoder:
     def _keep(self, value: Any, blob: bytes) -> None:
         self._blobs[id(value)] = (value, blob)
         if len(self._blobs) > self._capacity:
-            del self._blobs[next(iter(self._blobs))]
+            self._blobs.popitem(last=False)
 
 
 class ItemFieldReader:

@@ -122,7 +122,7 @@ class Executor:
         self._confirm = asyncio.Event()
         # Cancelled while queued (released, waiting for a runner or the barrier): checked
         # right before the call. Bounded: an id for an attempt long gone is harmless.
-        self._cancelled: dict[str, None] = {}
+        self._cancelled: OrderedDict[str, None] = OrderedDict()  # faust_store.TerminalMemo says why
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
         self.fenced = 0
@@ -208,7 +208,7 @@ class Executor:
             return
         self._cancelled[exec_id] = None  # maybe queued: never called either
         if len(self._cancelled) > CANCELLED_MAX:
-            del self._cancelled[next(iter(self._cancelled))]
+            self._cancelled.popitem(last=False)
 
     @property
     def backlog(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +134,8 @@ class PlanCache:
     version, and re-validating it took 6% of a worker's CPU. Bounded, oldest out."""
 
     def __init__(self, capacity: int = 1 << 16) -> None:
-        self._plans: dict[tuple[str, int, int], JobPlan] = {}
+        # Not a plain dict: faust_store.TerminalMemo says why.
+        self._plans: OrderedDict[tuple[str, int, int], JobPlan] = OrderedDict()
         self._capacity = capacity
 
     def plan(self, job: Record) -> JobPlan:
@@ -142,7 +144,7 @@ class PlanCache:
         if plan is None:
             plan = self._plans[key] = plan_of(job["spec"])
             if len(self._plans) > self._capacity:
-                del self._plans[next(iter(self._plans))]
+                self._plans.popitem(last=False)
         return plan
 
 

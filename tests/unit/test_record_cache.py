@@ -16,7 +16,8 @@ import pytest
 from rocksdict import Rdict
 
 from schemas import codec, names
-from streams.engine.faust_store import RecordCache, TableStore
+from streams.engine.core import PlanCache
+from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo
 from streams.engine.store import (
     MemoryStore,
     Record,
@@ -25,6 +26,7 @@ from streams.engine.store import (
     record_copier,
 )
 from tests.golden.make_golden import SAMPLES
+from tests.support.stack import spec
 
 
 class DbTable:
@@ -139,6 +141,21 @@ def test_the_cache_keeps_the_newest_capacity_records() -> None:
     off = RecordCache(capacity=0)
     off.put(b"k", b"raw", {"i": 0})
     assert len(off) == 0 and off.get(b"k", b"raw") is None
+
+
+def test_the_terminal_memo_and_plan_cache_keep_the_newest() -> None:
+    memo = TerminalMemo(capacity=3)
+    for i in range(5):
+        memo.add(f"e{i}")
+    memo.add("e3")  # seen again: stays where it was
+    assert [f"e{i}" in memo for i in range(5)] == [False, False, True, True, True]
+    plans = PlanCache(capacity=2)
+    jobs = [{"job_id": f"j{i}", "version": 1, "created_at_ms": 0,
+             "spec": spec(target={"url": "http://x.invalid/"}, run_at_ms=i)} for i in range(3)]
+    first = [plans.plan(job) for job in jobs]
+    assert plans.plan(jobs[2]) is first[2] and plans.plan(jobs[1]) is first[1]
+    assert plans.plan(jobs[0]) is not first[0]  # evicted, planned again
+    assert plans.plan(jobs[0]) == first[0]
 
 
 def test_memory_store_refuses_a_record_not_in_its_canonical_form() -> None:

@@ -28,7 +28,7 @@ from streams.changelog import ChangelogProducer
 from streams.collector import IdleCollector
 from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
-from streams.engine.batch import apply_batch
+from streams.engine.batch import apply_batch, item_command
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore, PlanCache
 from streams.engine.faust_store import (
     EXECUTION_STATE,
@@ -533,6 +533,7 @@ class Engine:
         that cannot be created is dead-lettered alone, naming its index, and the rest are
         created."""
         encoder = job_encoder()
+        # No bytes when the record was not read part by part (ItemFieldReader fell back).
         for job, blob in zip(batch["jobs"], spec_bytes, strict=False):
             encoder.keep(job["spec"], blob)
         core, ctx = self._core(msg.partition, batch)
@@ -547,7 +548,12 @@ class Engine:
                           exc_info=one.error)
         await self._apply(effects, msg.partition)
         for one in refused:
-            await self._dead_letter(msg, one.error, item=one.where)
+            # The letter holds the refused job alone, as the CreateJob it stands for: one
+            # that can be mended and sent again, and not the batch again for every job.
+            command = item_command(batch, one.index)
+            await self._dead_letter(msg, one.error, item=one.where,
+                                    key=command["job_id"].encode(),
+                                    value=codec.encode(names.CREATE_JOB, command))
 
     def _on_report(self, partition: int, name: str, rec: dict[str, Any]) -> list[Any]:
         """An attempt's report, or a batch of them: from kron.signals, or from our own
@@ -573,9 +579,10 @@ class Engine:
             self._topics[name] = self.app.topic(self.settings.topic(name), **RAW)
         return self._topics[name]
 
-    async def _dead_letter(self, msg: Any, exc: Exception, *, item: str | None = None) -> None:
+    async def _dead_letter(self, msg: Any, exc: Exception, *, item: str | None = None,
+                           key: bytes | None = None, value: bytes | None = None) -> None:
         """`item`: the part of a batch record that failed (its other parts were applied);
-        it names the dead letter and leads its error."""
+        it names the dead letter and leads its error, and `key` and `value` are its own."""
         self.stats.dead_letters += 1
         now = self.clock.now_ms()
         error_class = ("decode" if isinstance(exc, DecodeError)
@@ -590,11 +597,12 @@ class Engine:
                          "occurred_at_ms": now, "tenant": "", "causation_id": None,
                          "correlation_id": None, "producer": self.settings.worker_id},
             "source_topic": msg.topic, "source_partition": msg.partition,
-            "source_offset": msg.offset, "key": msg.key, "value": msg.value,
+            "source_offset": msg.offset, "key": msg.key if key is None else key,
+            "value": msg.value if value is None else value,
             "error": error[:4000], "error_class": error_class,
         }
         log.warning("dead-lettered %s[%s]@%s: %s", msg.topic, msg.partition, msg.offset, error)
-        await self.dead_letters.send(key=msg.key, value=codec.encode(
+        await self.dead_letters.send(key=record["key"], value=codec.encode(
             "kron.deadletter.DeadLetter", record), partition=msg.partition)
 
 

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Producer
 
 from replay.reader import read_topic
+from schemas import codec
 from streams.engine.batch import partition_for
 from tests.support.stack import executions, latest_executions, spec, wait_until
 
@@ -222,23 +223,30 @@ def test_create_jobs_batch_creates_its_jobs_and_dead_letters_only_the_bad_ones(s
     publish = stack.commands.publisher.publish_sync
     partition, offset = publish("kron.commands.CreateJobs", batch, key=first)
     assert partition == home  # librdkafka's murmur2_random agrees with partition_for
-    publish("kron.commands.CreateJobs", batch, key=first)  # delivered twice: no new job
+    _, again = publish("kron.commands.CreateJobs", batch, key=first)  # no job twice
     for job_id in mine[:3]:
         assert stack.receiver.wait_for(job_id, 1, 20), f"{job_id} of the batch did not run"
 
     def letters() -> list:
         return [e.record for e in read_topic(stack.settings.bootstrap_servers,
                                              stack.settings.topic("dead-letters"))
-                if e.record and (e.key or b"").decode() == first
-                and e.record["source_topic"] == stack.settings.topic("commands")]
+                if e.record and e.record["source_topic"] == stack.settings.topic("commands")
+                and e.record["source_partition"] == home
+                and e.record["source_offset"] in (offset, again)]
 
     found = wait_until(lambda: len(letters()) >= 6 and letters(), 15)
     assert found, "the refused jobs were not dead-lettered"
-    first_copy = [r for r in found if r["source_offset"] == offset]
-    assert sorted(r["error"].split(":")[0] for r in first_copy) == [
-        "jobs[3]", "jobs[4]", "jobs[5]"]
+    assert len(found) == 6 and {r["error_class"] for r in found} == {"validation"}
+    first_copy = sorted((r for r in found if r["source_offset"] == offset),
+                        key=lambda r: r["error"])
+    assert [r["error"].split(":")[0] for r in first_copy] == ["jobs[3]", "jobs[4]", "jobs[5]"]
     assert len({r["envelope"]["event_id"] for r in first_copy}) == 3
-    assert {r["error_class"] for r in found} == {"validation"}
+    # Each letter holds its job alone, as the CreateJob it stood for.
+    for r, (index, job_id) in zip(first_copy, [(3, stranger), (4, mine[0]), (5, mine[3])],
+                                  strict=True):
+        command = codec.decode(r["value"]).record
+        assert r["key"] == job_id.encode() and command["job_id"] == job_id
+        assert command["command_id"] == f"{command_id}#{index}"
     time.sleep(1.5)
     assert [len(stack.receiver.hits_for(j)) for j in mine] == [1, 1, 1, 0]
     assert stack.receiver.hits_for(stranger) == []

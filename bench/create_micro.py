@@ -54,7 +54,7 @@ def apply(part: Partition, value: bytes) -> None:
         for job, blob in zip(decoded.record["jobs"], spec_bytes, strict=True):
             job_encoder().keep(job["spec"], blob)
         _, refused = apply_batch(core, decoded.record, partitions=1, partition=0,
-                                 context=lambda: part.ctx(T0_MS), recoverable=lambda e: False)
+                                 context=lambda: part.ctx(T0_MS), refusable=lambda e: False)
         assert not refused, refused
         return
     job_encoder().adopt(value, decoded)

@@ -328,6 +328,11 @@ class SplicedEncoder:
         self._keep(value, blob)
         return blob
 
+    @property
+    def field_schema(self) -> Any:
+        """The spliced field's schema, without fastavro's bookkeeping keys."""
+        return _bare(self._field_schema)
+
     def keep(self, value: Any, blob: bytes) -> None:
         """Write `blob` for `value` while it is the field's object: the caller read `value`
         from exactly these bytes with this field's schema (ItemFieldReader)."""
@@ -370,6 +375,11 @@ class ItemFieldReader:
         self._array, self._field = fields[-1]["name"], item_fields[-1]["name"]
         self._entry = entry
         self._tag = _has_record_union(entry.schema)
+
+    @property
+    def field_schema(self) -> Any:
+        """The kept field's schema, without fastavro's bookkeeping keys."""
+        return _bare(self._field_schema)
 
     def decode(self, data: bytes) -> tuple[Decoded, list[bytes]]:
         if data[:HEADER_LEN] != self._entry.header:

@@ -6,6 +6,7 @@ Built by `build_engine(settings)` at process start; nothing is built at import t
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -28,7 +29,8 @@ from streams.changelog import ChangelogProducer
 from streams.collector import IdleCollector
 from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
-from streams.engine.batch import apply_batch, item_command
+from streams.engine.batch import CHUNK as BATCH_CHUNK
+from streams.engine.batch import Refused, apply_batch, item_command
 from streams.engine.core import Cancel, Context, Dispatch, Emit, PartitionCore, PlanCache
 from streams.engine.faust_store import (
     EXECUTION_STATE,
@@ -143,6 +145,9 @@ class Engine:
         self.execution_cache = RecordCache(schema=EXECUTION_STATE)
         self.plans = PlanCache()
         self.batch_reader = codec.ItemFieldReader(names.CREATE_JOBS)
+        # Only while a batch's spec is written as a job's spec (two schema versions could
+        # part): bytes of another shape would be spliced into job records unnoticed.
+        self._keep_specs = job_encoder().field_schema == self.batch_reader.field_schema
         # This process: slots it decides ahead are held here and nowhere else.
         self.incarnation = uuid.uuid4().hex
         # Built now, started with the app: a dispatch may arrive before the start-up task.
@@ -446,7 +451,8 @@ class Engine:
                 self._tune_fetches()
             await self._hold_lease()
             try:
-                # Spec bytes of a CreateJobs batch's jobs, which are written with them.
+                # A CreateJobs batch is read part by part, so that its jobs are written with
+                # their specs' bytes as they came instead of encoding them again.
                 decoded, spec_bytes = self.batch_reader.decode(msg.value)
                 if decoded.name == names.TICK:
                     await self._tick(msg.partition, decoded.record)
@@ -528,32 +534,45 @@ class Engine:
             return []
         raise PermanentError(f"{name} does not belong on {msg.topic}", field=None)
 
-    async def _create_jobs(self, msg: Any, batch: dict[str, Any], spec_bytes: list[bytes]) -> None:
-        """Each job of a CreateJobs batch as its own CreateJob (streams/engine/batch.py): one
-        that cannot be created is dead-lettered alone, naming its index, and the rest are
-        created."""
-        encoder = job_encoder()
-        # No bytes when the record was not read part by part (ItemFieldReader fell back).
-        for job, blob in zip(batch["jobs"], spec_bytes, strict=False):
-            encoder.keep(job["spec"], blob)
-        core, ctx = self._core(msg.partition, batch)
+    async def _create_jobs(self, msg: Any, batch: dict[str, Any],
+                           spec_bytes: list[bytes]) -> None:
+        """Each job of a CreateJobs batch as its own CreateJob (streams/engine/batch.py), a
+        chunk at a time: one that cannot be created is dead-lettered alone, naming its
+        index, and the rest are created. A batch cut short (a crash, a lost lease) is read
+        again, and the jobs it created are found applied."""
+        if self._keep_specs:  # no bytes when the reader fell back to a plain decode
+            encoder = job_encoder()
+            for job, blob in zip(batch["jobs"], spec_bytes, strict=False):
+                encoder.keep(job["spec"], blob)
         self.stats.commands += len(batch["jobs"])
-        effects, refused = apply_batch(
-            core, batch, partitions=self.settings.partitions, partition=msg.partition,
-            context=lambda: self._context(batch, ctx.epoch),
-            recoverable=lambda exc: not _environmental(exc))
-        for one in refused:
-            if not isinstance(one.error, PermanentError):
-                log.error("creating %s of a batch failed; dead-lettering it", one.where,
-                          exc_info=one.error)
-        await self._apply(effects, msg.partition)
-        for one in refused:
-            # The letter holds the refused job alone, as the CreateJob it stands for: one
-            # that can be mended and sent again, and not the batch again for every job.
-            command = item_command(batch, one.index)
-            await self._dead_letter(msg, one.error, item=one.where,
-                                    key=command["job_id"].encode(),
-                                    value=codec.encode(names.CREATE_JOB, command))
+        for start in range(0, len(batch["jobs"]), BATCH_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+                await self._hold_lease()
+            core, ctx = self._core(msg.partition, batch)
+            effects, refused = apply_batch(
+                core, batch, partitions=self.settings.partitions, partition=msg.partition,
+                context=functools.partial(self._context, batch, ctx.epoch),
+                refusable=_jobs_fault,
+                start=start, stop=start + BATCH_CHUNK)
+            await self._apply(effects, msg.partition)
+            for one in refused:
+                await self._refuse(msg, batch, one)
+
+    async def _refuse(self, msg: Any, batch: dict[str, Any], one: Refused) -> None:
+        """The letter holds the refused job alone, as the CreateJob it stands for: one that
+        can be mended and sent again, and not the whole batch again for every job."""
+        if not isinstance(one.error, PermanentError):
+            log.error("creating %s of a batch failed; dead-lettering it", one.where,
+                      exc_info=one.error)
+        command = item_command(batch, one.index)
+        try:
+            value = codec.encode(names.CREATE_JOB, command)
+        except Exception:  # the letter then holds the batch, as for a whole record
+            log.exception("%s of a batch does not encode as a CreateJob", one.where)
+            value = msg.value
+        await self._dead_letter(msg, one.error, item=one.where,
+                                key=command["job_id"].encode(), value=value)
 
     def _on_report(self, partition: int, name: str, rec: dict[str, Any]) -> list[Any]:
         """An attempt's report, or a batch of them: from kron.signals, or from our own
@@ -608,6 +627,11 @@ class Engine:
 
 _ENVIRONMENTAL_MARKERS = ("No space left", "IO error", "Read-only file system",
                         "Disk quota exceeded", "Too many open files")
+
+
+def _jobs_fault(exc: Exception) -> bool:
+    """May a job of a batch be refused alone for this error? Not for the machine's."""
+    return not _environmental(exc)
 
 
 def _environmental(exc: BaseException) -> bool:

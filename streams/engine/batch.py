@@ -4,10 +4,11 @@ A create read one record at a time paid Faust's per-event machinery (the consume
 the conductor, the stream, the ack) and a record's decode for every job: about half the
 worker's time per create. A batch pays them once for up to MAX_JOBS jobs.
 
-The jobs of a batch share its partition: commands are keyed by job id with Kafka's default
-(murmur2) partitioner, so a job's later commands (update, pause, delete) reach the partition
-that holds it only if its create did too. The worker checks every job of a batch against
-the record's partition; a producer groups its jobs with `group_by_partition`.
+The jobs of a batch share its partition: commands are keyed by job id with the murmur2
+partitioner (Java's default; kron's own librdkafka producers set `murmur2_random`), so a
+job's later commands (update, pause, delete) reach the partition that holds it only if its
+create did too. The worker checks every job of a batch against the record's partition; a
+producer groups its jobs with `group_by_partition` and sends each group to its partition.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from schemas import names
 from streams.domain.errors import PermanentError
 from streams.engine.core import Context, Effect, PartitionCore
 
-# The most jobs group_by_partition puts in one record: a batch is one event, and the loop
-# applies it without a turn for other events (~0.1 s of it on a fast core at 500). The
-# record must also fit the broker's message.max.bytes (1 MiB by default), which a producer
-# of large specs meets with smaller batches. The worker applies any batch it is given.
+# The most jobs group_by_partition puts in one record. The record must also fit the
+# broker's message.max.bytes (1 MiB by default), which a producer of large specs meets with
+# smaller batches. The worker applies any batch it is given, CHUNK jobs at a time.
 MAX_JOBS = 500
+# Jobs applied between two turns of the event loop: ticks, calls and acks wait no longer
+# for a large batch than for one of these (~10 ms on a fast core).
+CHUNK = 64
 
 Record = dict[str, Any]
 
@@ -43,11 +46,14 @@ def item_command_id(command_id: str, index: int) -> str:
 
 
 def item_command(batch: Mapping[str, Any], index: int) -> Record:
-    """The CreateJob that job `index` of the batch stands for. Its command id is derived
-    from the batch's, so a batch read again (its offset was not committed) finds each job
-    it created already applied, as a repeated CreateJob would."""
+    """The CreateJob that job `index` of the batch stands for. Its command and event ids are
+    derived from the batch's, so a batch read again (its offset was not committed) finds
+    each job it created already applied, as a repeated CreateJob would, and a refused job's
+    dead letter is a CreateJob of its own that can be sent again."""
     item = batch["jobs"][index]
-    return {"envelope": batch["envelope"],
+    envelope = batch["envelope"]
+    return {"envelope": {**envelope, "event_id": item_command_id(envelope["event_id"], index),
+                         "event_type": "job.create_requested"},
             "command_id": item_command_id(batch["command_id"], index),
             "job_id": item["job_id"], "idempotency_key": item["idempotency_key"],
             "spec": item["spec"]}
@@ -93,22 +99,25 @@ class Refused:
 
 def apply_batch(core: PartitionCore, batch: Mapping[str, Any], *, partitions: int,
                 partition: int, context: Callable[[], Context],
-                recoverable: Callable[[Exception], bool]) -> tuple[list[Effect], list[Refused]]:
-    """Create each job of the batch as its own CreateJob, in a context of its own (so each
-    write gets the event id a lone create would), and refuse the ones that cannot be: a
-    job of another partition, one that exists, a bad spec. An error that is not the job's
-    fault (`recoverable` says no: a full disk) is raised, so the record is not committed
-    and its jobs are not lost."""
+                refusable: Callable[[Exception], bool], start: int = 0,
+                stop: int | None = None) -> tuple[list[Effect], list[Refused]]:
+    """Create jobs start..stop of the batch, each as its own CreateJob in a context of its
+    own (so each write gets the event id a lone create would), and refuse the ones that
+    cannot be: a job of another partition, one that exists, a bad spec. An error that is
+    not the job's fault (`refusable` says no: a full disk) is raised, so the record is not
+    committed and its jobs are not lost."""
     effects: list[Effect] = []
     refused: list[Refused] = []
-    for index, item in enumerate(batch["jobs"]):
+    jobs = batch["jobs"]
+    for index in range(start, len(jobs) if stop is None else min(stop, len(jobs))):
+        item = jobs[index]
         try:
             check_partition(item["job_id"], partitions, partition)
             effects += core.on_command(names.CREATE_JOB, item_command(batch, index), context())
         except PermanentError as exc:
             refused.append(Refused(index=index, error=exc))
         except Exception as exc:
-            if not recoverable(exc):
+            if not refusable(exc):
                 raise
             refused.append(Refused(index=index, error=exc))
     return effects, refused

@@ -120,7 +120,8 @@ class TerminalMemo:
     def __init__(self, capacity: int = 1 << 18) -> None:
         # Oldest out by OrderedDict.popitem: `next(iter())` on a plain dict walks past every
         # slot deleted since its last resize, so each eviction from a full plain dict cost
-        # more the longer since then (~40 us a put on average at this size, 2026-12-02).
+        # more the longer since then (171 us an add on average over 400,000 adds past this
+        # size, against 1.5 us now, on the 2026-12-02 host; +12 MB when full).
         self._ids: OrderedDict[str, None] = OrderedDict()
         self._capacity = capacity
 

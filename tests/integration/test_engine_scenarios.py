@@ -246,7 +246,17 @@ def test_create_jobs_batch_creates_its_jobs_and_dead_letters_only_the_bad_ones(s
                                   strict=True):
         command = codec.decode(r["value"]).record
         assert r["key"] == job_id.encode() and command["job_id"] == job_id
-        assert command["command_id"] == f"{command_id}#{index}"
+        assert command["command_id"] == command["envelope"]["event_id"] == (
+            f"{command_id}#{index}")
+    # The jobs' records in Kafka (what a restore reads, not the worker's cache) hold the
+    # specs as sent: they were written with the batch's bytes.
+    sent = {job["job_id"]: job["spec"] for job in codec.decode(
+        codec.encode("kron.commands.CreateJobs", batch)).record["jobs"]}
+    written = {e.key.decode(): e.record for e in read_topic(
+        stack.settings.bootstrap_servers, stack.settings.topic("jobs"))
+        if e.key and e.key.decode() in mine[:3] and e.record}
+    assert set(written) == set(mine[:3])
+    assert all(written[j]["spec"] == sent[j] for j in mine[:3])
     time.sleep(1.5)
     assert [len(stack.receiver.hits_for(j)) for j in mine] == [1, 1, 1, 0]
     assert stack.receiver.hits_for(stranger) == []

@@ -64,10 +64,10 @@ def context() -> Context:
 
 
 def apply(store: MemoryStore, batch: dict[str, Any], partition: int = HOME,
-          recoverable: Any = lambda exc: True) -> list[Any]:
+          refusable: Any = lambda exc: True, **chunk: int) -> list[Any]:
     effects, refused = apply_batch(PartitionCore(store), batch, partitions=PARTITIONS,
                                    partition=partition, context=context,
-                                   recoverable=recoverable)
+                                   refusable=refusable, **chunk)
     assert effects == []  # creating a job decides nothing yet
     return refused
 
@@ -93,10 +93,13 @@ def test_group_size_is_bounded(size: int) -> None:
         list(group_by_partition([{"job_id": "a"}], PARTITIONS, size=size))
 
 
-def test_item_command_is_a_createjob_with_a_derived_command_id() -> None:
+def test_item_command_is_a_createjob_with_derived_ids() -> None:
     batch = batch_of([item("a"), item("b", key="k")])
     commands = [item_command(batch, i) for i in range(2)]
     assert [c["command_id"] for c in commands] == ["batch-1#0", "batch-1#1"]
+    assert [c["envelope"]["event_id"] for c in commands] == ["batch-1#0", "batch-1#1"]
+    assert {c["envelope"]["event_type"] for c in commands} == {"job.create_requested"}
+    assert batch["envelope"]["event_id"] == "batch-1"  # the batch itself is left alone
     assert commands[1]["idempotency_key"] == "k"
     for command in commands:  # the lone CreateJob's schema accepts it as it is
         assert codec.decode(codec.encode(names.CREATE_JOB, command)).record == command
@@ -142,6 +145,18 @@ def test_bad_jobs_are_refused_alone_and_the_rest_created() -> None:
     assert set(store.jobs) == {good, dup}
 
 
+def test_a_batch_applied_in_chunks_is_the_batch_applied_at_once() -> None:
+    home = ids_in(HOME)
+    ids = [next(home) for _ in range(7)]
+    jobs = [item(i) for i in ids[:6]] + [item(ids[0]), item(next(ids_in(HOME + 1)))]
+    whole, chunked = MemoryStore(), MemoryStore()
+    refused_whole = [r.index for r in apply(whole, batch_of(jobs))]
+    refused_chunks = [r.index for start in range(0, len(jobs), 3)
+                      for r in apply(chunked, batch_of(jobs), start=start, stop=start + 3)]
+    assert refused_whole == refused_chunks == [6, 7]
+    assert whole.jobs == chunked.jobs and whole.timers == chunked.timers
+
+
 def test_a_batch_read_again_changes_no_job() -> None:
     ids = list(itertools.islice(ids_in(HOME), 4))
     batch = batch_of([item(i) for i in ids])
@@ -161,8 +176,8 @@ class Unwritable(MemoryStore):
 def test_an_error_not_of_the_jobs_making_is_raised_not_refused() -> None:
     batch = batch_of([item(next(ids_in(HOME)))])
     with pytest.raises(OSError, match="No space"):
-        apply(Unwritable(), batch, recoverable=lambda exc: not isinstance(exc, OSError))
-    refused = apply(Unwritable(), batch)  # judged recoverable: that job alone is refused
+        apply(Unwritable(), batch, refusable=lambda exc: not isinstance(exc, OSError))
+    refused = apply(Unwritable(), batch)  # judged the job's fault: that job alone is refused
     assert [r.index for r in refused] == [0]
 
 

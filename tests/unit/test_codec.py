@@ -770,6 +770,15 @@ def test_item_reader_reads_arrays_written_in_sized_blocks() -> None:
     assert kept == blobs and len(kept) == 3
 
 
+def test_a_batchs_spec_is_written_as_a_jobs_spec() -> None:
+    """The worker keeps a batch's spec bytes for the job's record only while the two
+    fields' schemas agree (Engine._keep_specs); a later version of one must keep them so
+    or see the splice switched off."""
+    reader = ItemFieldReader(names.CREATE_JOBS)
+    assert reader.field_schema == SplicedEncoder(names.JOB_STATE, "spec").field_schema
+    assert reader.field_schema != SplicedEncoder(names.JOB_STATE, "envelope").field_schema
+
+
 def test_item_reader_leaves_other_records_and_bad_bytes_to_decode() -> None:
     reader = ItemFieldReader(names.CREATE_JOBS)
     tick = _valid(names.TICK)

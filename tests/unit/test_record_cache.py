@@ -147,8 +147,10 @@ def test_the_terminal_memo_and_plan_cache_keep_the_newest() -> None:
     memo = TerminalMemo(capacity=3)
     for i in range(5):
         memo.add(f"e{i}")
-    memo.add("e3")  # seen again: stays where it was
+    memo.add("e2")  # seen again: keeps its place, so it is the next out
     assert [f"e{i}" in memo for i in range(5)] == [False, False, True, True, True]
+    memo.add("e5")
+    assert "e2" not in memo and all(f"e{i}" in memo for i in (3, 4, 5))
     plans = PlanCache(capacity=2)
     jobs = [{"job_id": f"j{i}", "version": 1, "created_at_ms": 0,
              "spec": spec(target={"url": "http://x.invalid/"}, run_at_ms=i)} for i in range(3)]

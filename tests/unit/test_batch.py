@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from aiokafka.partitioner import murmur2 as reference_murmur2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from streams.engine.batch import (
     check_partition,
     group_by_partition,
     item_command,
+    murmur2,
     partition_for,
 )
 from streams.engine.core import Context, PartitionCore
@@ -40,6 +42,11 @@ FAR_FUTURE = 253_402_300_800_001  # year 10000: a spec the core refuses
 def test_partition_for_is_javas_default_partitioner(key: str, signed: int) -> None:
     for partitions in (1, 7, 8, 64):
         assert partition_for(key, partitions) == (signed & 0x7FFFFFFF) % partitions
+
+
+@given(st.binary(max_size=80))
+def test_murmur2_agrees_with_aiokafkas_word_by_word_version(data: bytes) -> None:
+    assert murmur2(data) == reference_murmur2(data)
 
 
 def ids_in(partition: int, prefix: str = "job") -> Any:

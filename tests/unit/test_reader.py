@@ -1,0 +1,151 @@
+"""Compiled Avro readers: fastavro's record or fastavro's error, never a third answer."""
+
+from __future__ import annotations
+
+from io import BytesIO
+from typing import Any
+
+import pytest
+from fastavro import schemaless_reader, schemaless_writer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas import codec, names
+from schemas.codec import _has_record_union
+from schemas.errors import DecodeError
+from schemas.reader import Unfit, compile_reader, read_all
+from schemas.registry import HEADER_LEN, default_registry
+from tests.golden.make_golden import SAMPLES
+from tests.unit.test_codec import CREATE_JOBS, EXECUTION_STATES, JOB_STATES
+
+REGISTRY = default_registry()
+ENTRIES = [REGISTRY.get(name, version) for (name, version) in sorted(SAMPLES)]
+
+
+def _fastavro(schema: Any, body: bytes) -> Any:
+    tag = _has_record_union(schema)
+    buf = BytesIO(body)
+    value = schemaless_reader(buf, schema, None, return_record_name=tag,
+                              return_record_name_override=tag)
+    if buf.tell() != len(body):
+        raise ValueError("trailing bytes")
+    return value
+
+
+def _compiled(schema: Any, body: bytes) -> Any:
+    reader = compile_reader(schema, tag=_has_record_union(schema))
+    assert reader is not None
+    return read_all(reader, body, 0)
+
+
+def _encoded(name: str, record: dict[str, Any]) -> bytes:
+    buf = BytesIO()
+    schemaless_writer(buf, REGISTRY.latest(name).schema, record)
+    return buf.getvalue()
+
+
+def _same_or_unfit(schema: Any, body: bytes) -> None:
+    """Where the compiled reader answers, fastavro gives the same record."""
+    try:
+        got = _compiled(schema, body)
+    except Unfit:
+        return
+    assert got == _fastavro(schema, body)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e.name}.v{e.version}")
+def test_every_committed_schema_compiles(entry: Any) -> None:
+    assert compile_reader(entry.schema, tag=_has_record_union(entry.schema)) is not None
+
+
+def test_every_golden_sample_reads_as_fastavro_reads_it() -> None:
+    checked = 0
+    for (name, version), records in SAMPLES.items():
+        schema = REGISTRY.get(name, version).schema
+        for record in records:
+            buf = BytesIO()
+            schemaless_writer(buf, schema, record)
+            body = buf.getvalue()
+            assert _compiled(schema, body) == _fastavro(schema, body), name
+            checked += 1
+    assert checked > 20
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=200)
+@given(st.one_of(
+    st.tuples(st.just(names.JOB_STATE), JOB_STATES),
+    st.tuples(st.just(names.EXECUTION_STATE), EXECUTION_STATES),
+    st.tuples(st.just(names.CREATE_JOB), CREATE_JOBS),  # CreateJob records
+))
+def test_records_read_as_fastavro_reads_them(case: tuple[str, dict[str, Any]]) -> None:
+    name, record = case
+    schema = REGISTRY.latest(name).schema
+    body = _encoded(name, record)
+    assert _compiled(schema, body) == _fastavro(schema, body)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=400)
+@given(st.sampled_from(ENTRIES), st.data())
+def test_damaged_bytes_read_as_fastavro_reads_them_or_are_left_to_it(
+        entry: Any, data: st.DataObject) -> None:
+    records = SAMPLES[(entry.name, entry.version)]
+    record = records[data.draw(st.integers(0, len(records) - 1))]
+    buf = BytesIO()
+    schemaless_writer(buf, entry.schema, record)
+    body = bytearray(buf.getvalue())
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(body) - 1))
+        body[at] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(body)))
+    _same_or_unfit(entry.schema, bytes(body[:cut]))
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=64))
+def test_random_bytes_never_get_a_third_answer(body: bytes) -> None:
+    _same_or_unfit(REGISTRY.latest(names.JOB_STATE).schema, body)
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    (b"\x02", "a boolean byte"),        # union branch 1 (boolean), then nothing: ends early
+    (b"\x02\x02", "a boolean byte"),    # boolean byte 2: fastavro reads True
+    (b"\x04", "a union index"),
+])
+def test_what_fastavro_reads_loosely_is_left_to_it(body: bytes, why: str) -> None:
+    reader = compile_reader(["null", "boolean"])
+    assert reader is not None
+    with pytest.raises(Unfit):
+        read_all(reader, body, 0)
+
+
+def test_a_long_over_64_bits_is_left_to_fastavro() -> None:
+    reader = compile_reader("long")
+    assert reader is not None
+    assert read_all(reader, b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01", 0) == 2**63 - 1
+    with pytest.raises(Unfit):
+        read_all(reader, b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x03", 0)
+    with pytest.raises(Unfit):
+        read_all(reader, b"\xff" * 11 + b"\x01", 0)
+
+
+def test_negative_counts_are_blocks_with_their_size() -> None:
+    reader = compile_reader({"type": "array", "items": "string"})
+    assert reader is not None
+    # -2 items, 4 bytes, "ab", "c"; then 1 item "d"; then the end.
+    body = b"\x03\x08\x04ab\x02c\x02\x02d\x00"
+    assert read_all(reader, body, 0) == ["ab", "c", "d"]
+    assert schemaless_reader(BytesIO(body), {"type": "array", "items": "string"}, None) == \
+        ["ab", "c", "d"]
+
+
+def test_the_codec_reads_through_the_compiled_reader_and_keeps_its_errors() -> None:
+    data = codec.encode(names.CREATE_JOB, SAMPLES[(names.CREATE_JOB, 1)][0])
+    plan = codec.default_codec()._plan(data, None, None)
+    assert plan.compiled is not None
+    assert codec.decode(data).record == _fastavro(REGISTRY.latest(names.CREATE_JOB).schema,
+                                                  data[HEADER_LEN:])
+    with pytest.raises(DecodeError) as truncated:
+        codec.decode(data[:-3])
+    assert truncated.value.reason == "truncated_or_corrupt"
+    with pytest.raises(DecodeError):
+        codec.decode(data + b"\x00")

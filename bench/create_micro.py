@@ -1,6 +1,6 @@
 """The worker's cost per create, without Faust or a broker.
 
-    python -m bench.create_micro [--jobs 20000] [--batch 1] [--profile]
+    python -m bench.create_micro [--jobs 20000] [--batch 1] [--profile] [--encode-only]
 
 Pending one-off jobs (as `kron bench timers` creates them) go through what the worker does
 with a command record after Faust hands it over: the Avro decode, then one CreateJob
@@ -77,7 +77,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--encode-only", action="store_true",
+                        help="only encode the records (bench.instructions subtracts this)")
     args = parser.parse_args()
+    if args.encode_only:
+        print({"jobs": args.jobs, "batch": args.batch,
+               "records": len(records(args.jobs, args.batch))})
+        return
     run_in_tmp(run, args.jobs, args.batch, prefix="kron-create-micro-", profile=args.profile)
 
 

@@ -13,6 +13,12 @@ are the same in both runs, so the difference divided by the extra executions is 
 execution costs the core (fire and finish, RocksDB included; the produce and Faust are
 not, as in core_micro). Two runs of the same commit differed by under 0.05%.
 
+    python -m bench.instructions --creates [--jobs 2000] [--batch 100]
+
+counts a create the same way, with `bench.create_micro`: its runs for N and 2N jobs, less
+its runs that only encode those jobs' command records (which it does before its clock
+starts), leave what N creates cost the worker (decode and core, RocksDB included).
+
 Instructions are not time (a cache miss costs more than an add), so a change is judged by
 both: instructions to see it at all, the full benches to see that it matters.
 """
@@ -52,6 +58,26 @@ def summary_of(text: str) -> int:
     raise Unavailable("cachegrind wrote no summary line")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CreateCount:
+    jobs: int
+    encode_only: bool
+    instructions: int
+
+
+def per_create(counts: Sequence[CreateCount]) -> float:
+    """Instructions per create from create_micro runs for N and 2N jobs, each once in full
+    and once encoding only: start-up and the records' encode cancel out."""
+    by = {(c.jobs, c.encode_only): c.instructions for c in counts}
+    sizes = sorted({c.jobs for c in counts})
+    if len(by) != 4 or len(sizes) != 2:
+        raise ValueError("give runs for two numbers of jobs, in full and encoding only")
+    small, large = sizes
+    full = by[(large, False)] - by[(small, False)]
+    encode = by[(large, True)] - by[(small, True)]
+    return (full - encode) / (large - small)
+
+
 def per_execution(counts: Sequence[Count], jobs: int) -> float:
     """Instructions per execution from two runs that differ only in their seconds."""
     short, long = sorted(counts, key=lambda c: c.seconds)
@@ -67,18 +93,36 @@ def command(jobs: int, seconds: int, out: Path) -> list[str]:
             "--jobs", str(jobs), "--seconds", str(seconds)]
 
 
-def count(jobs: int, seconds: int, workdir: Path) -> Count:
-    """One core_micro run under cachegrind."""
+def create_command(jobs: int, batch: int, encode_only: bool, out: Path) -> list[str]:
+    return ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+            f"--cachegrind-out-file={out}", sys.executable, "-m", "bench.create_micro",
+            "--jobs", str(jobs), "--batch", str(batch),
+            *(["--encode-only"] if encode_only else [])]
+
+
+def _instructions(argv: list[str], out: Path) -> int:
     if shutil.which("valgrind") is None:
         raise Unavailable("valgrind is not installed (apt-get install valgrind)")
-    out = workdir / f"cachegrind-{seconds}.out"
     env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
-    done = subprocess.run(command(jobs, seconds, out), env=env, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not out.exists():
-        raise Unavailable(f"core_micro under valgrind failed ({done.returncode}): "
+        raise Unavailable(f"{argv[6]} under valgrind failed ({done.returncode}): "
                           f"{done.stderr[-2000:]}")
-    return Count(seconds=seconds, instructions=summary_of(out.read_text()))
+    return summary_of(out.read_text())
+
+
+def count(jobs: int, seconds: int, workdir: Path) -> Count:
+    """One core_micro run under cachegrind."""
+    out = workdir / f"cachegrind-{seconds}.out"
+    return Count(seconds=seconds, instructions=_instructions(command(jobs, seconds, out), out))
+
+
+def count_creates(jobs: int, batch: int, encode_only: bool, workdir: Path) -> CreateCount:
+    """One create_micro run under cachegrind."""
+    out = workdir / f"cachegrind-{jobs}-{int(encode_only)}.out"
+    argv = create_command(jobs, batch, encode_only, out)
+    return CreateCount(jobs=jobs, encode_only=encode_only,
+                       instructions=_instructions(argv, out))
 
 
 def measure(jobs: int, seconds: Sequence[int], *,
@@ -94,13 +138,37 @@ def measure(jobs: int, seconds: Sequence[int], *,
             "instructions_per_execution": round(per_execution(counts, jobs))}
 
 
+def measure_creates(jobs: int, batch: int, *,
+                    counter: Callable[[int, int, bool, Path], CreateCount] = count_creates,
+                    ) -> dict[str, Any]:
+    """create_micro for `jobs` and twice as many, in full and encoding only, two at a time."""
+    if jobs < 1 or batch < 1:
+        raise ValueError("jobs and batch must be positive")
+    runs = [(n, encode_only) for encode_only in (False, True) for n in (jobs, 2 * jobs)]
+    with tempfile.TemporaryDirectory(prefix="kron-instructions-") as tmp, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        counts = list(pool.map(lambda r: counter(r[0], batch, r[1], Path(tmp)), runs))
+    return {"jobs": [jobs, 2 * jobs], "batch": batch,
+            "instructions": {f"{c.jobs}{' encode only' if c.encode_only else ''}":
+                             c.instructions for c in counts},
+            "instructions_per_create": round(per_create(counts))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="jobs per run (default 500; with --creates, 2000)")
     parser.add_argument("--seconds", type=int, nargs=2, default=[2, 4])
+    parser.add_argument("--creates", action="store_true",
+                        help="count a create (bench.create_micro), not an execution")
+    parser.add_argument("--batch", type=int, default=100,
+                        help="with --creates: jobs per CreateJobs record (1: CreateJob)")
     args = parser.parse_args()
     try:
-        print(measure(args.jobs, args.seconds))
+        if args.creates:
+            print(measure_creates(args.jobs or 2000, args.batch))
+        else:
+            print(measure(args.jobs or 500, args.seconds))
     except Unavailable as exc:
         sys.exit(f"bench.instructions: {exc}")
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import re
+import struct
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -406,11 +407,11 @@ class ItemFieldReader:
                        record=record), kept
 
     def _read(self, data: bytes) -> tuple[dict[str, Any], list[bytes]]:
-        if self._compiled is not None:
+        if self._compiled is not None and type(data) is bytes:
             try:
                 return self._read_compiled(data, *self._compiled)
-            except Exception:  # fastavro reads it, or says what is wrong with it
-                pass
+            except (Unfit, IndexError, struct.error, UnicodeDecodeError):
+                pass  # fastavro reads it, or says what is wrong with it
         return self._read_fastavro(data)
 
     def _read_compiled(self, data: bytes, head: Reader, item_head: Reader,
@@ -425,6 +426,8 @@ class ItemFieldReader:
             if count < 0:  # a block with its size in bytes after the count
                 count = -count
                 _, p = read_long(data, p)
+            if count > len(data) - p:  # each item takes bytes: this is garbage
+                raise Unfit("a count past the bytes")
             for _ in range(count):
                 one, p = item_head(data, p)
                 start = p

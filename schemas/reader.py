@@ -5,7 +5,7 @@ dicts: 12.5 us for a 98-byte JobSpec, a third of a batched create's CPU (py-spy)
 function generated once per schema reads the same record with a few lines per field, on the
 bytes and an index, with no file object.
 
-It is a fast path only, for bytes written with the schema it was compiled from (no schema
+It is a fast path only, for `bytes` written with the schema it was compiled from (no schema
 resolution). Where anything is off (bytes end early, a varint runs over 64 bits, an index
 out of range, a boolean byte other than 0 or 1, bad UTF-8), it raises Unfit and the caller
 asks fastavro, which reads the bytes or names what is wrong with them: the record is
@@ -29,6 +29,9 @@ from typing import Any, Final
 Reader = Callable[[bytes, int], tuple[Any, int]]
 
 _MAX_DEPTH: Final = 32
+# Named types are compiled inline at each use, so records that reuse each other in a chain
+# double the code per level; past this a schema is left to fastavro.
+_MAX_LINES: Final = 20_000
 _PRIMITIVES: Final = frozenset(
     ("string", "bytes", "long", "int", "double", "float", "boolean", "null"))
 
@@ -85,6 +88,8 @@ class _Compiler:
         return name
 
     def emit(self, depth: int, line: str) -> None:
+        if len(self.lines) >= _MAX_LINES:
+            raise Unsupported("too much code")
         self.lines.append("    " * depth + line)
 
     def value(self, schema: Any, out: str, depth: int, nesting: int = 0) -> None:
@@ -175,12 +180,12 @@ class _Compiler:
         self.emit(depth, "while True:")
         self.long(count, depth + 1)
         self.emit(depth + 1, f"if not {count}: break")
-        # Every item takes a byte or more but nulls and empty records, which fastavro reads:
-        # a count past the bytes left cannot spin a loop on garbage.
-        self.emit(depth + 1, f"if {count} > L - p: raise Unfit('a count past the bytes')")
         self.emit(depth + 1, f"if {count} < 0:")
         self.emit(depth + 2, f"{count} = -{count}")
         self.long(self.fresh("z"), depth + 2)
+        # Every item takes a byte or more but nulls and empty records, whose arrays fastavro
+        # reads: a count past the bytes left is left to it rather than looped over here.
+        self.emit(depth + 1, f"if {count} > L - p: raise Unfit('a count past the bytes')")
         self.emit(depth + 1, f"for _ in range({count}):")
         if is_map:
             key = self.fresh("k")
@@ -235,7 +240,10 @@ def compile_reader(schema: Any, *, tag: bool = False) -> Reader | None:
 
 
 def read_all(reader: Reader, data: bytes, start: int) -> Any:
-    """The value that fills data[start:] exactly; Unfit for anything else."""
+    """The value that fills data[start:] exactly; Unfit for anything else. Only `bytes`:
+    a bytearray's slices are bytearrays, and a memoryview's have no decode()."""
+    if type(data) is not bytes:
+        raise Unfit("not bytes")
     try:
         value, end = reader(data, start)
     except Unfit:

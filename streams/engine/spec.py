@@ -69,37 +69,56 @@ def parse_schedule(raw: Any) -> Schedule:
     return OneOffSchedule(run_at_ms=run_at)
 
 
-def _policies(max_attempts: Any, backoff: Any, base_s: Any, max_s: Any, misfire: Any,
-              late_by_s: Any, fire_all_cap: Any, nonexistent: Any,
-              ambiguous: Any) -> tuple[RetryPolicy, MisfirePolicy, DstPolicy]:
-    retry = RetryPolicy(max_attempts=max_attempts, backoff=Backoff(backoff), base_s=base_s,
-                        max_s=max_s)
+Policies = tuple[RetryPolicy, MisfirePolicy, DstPolicy]
+
+
+def _policies_of(spec: dict[str, Any]) -> Policies:
+    """Built and checked in plan_of's order of old, so a bad spec names the same field."""
+    raw = spec["retry"]
+    retry = RetryPolicy(max_attempts=raw["max_attempts"], backoff=Backoff(raw["backoff"]),
+                        base_s=raw["base_s"], max_s=raw["max_s"])
     retry.validate()
-    mis = MisfirePolicy(kind=MisfireKind(misfire), late_by_s=late_by_s,
-                        fire_all_cap=fire_all_cap)
-    mis.validate()
-    dst = DstPolicy(nonexistent=DstNonexistent(nonexistent), ambiguous=DstAmbiguous(ambiguous))
-    return retry, mis, dst
+    raw = spec["misfire"]
+    misfire = MisfirePolicy(kind=MisfireKind(raw["kind"]), late_by_s=raw.get("late_by_s"),
+                            fire_all_cap=raw.get("fire_all_cap", 100))
+    misfire.validate()
+    raw = spec["dst"]
+    return retry, misfire, DstPolicy(nonexistent=DstNonexistent(raw["nonexistent"]),
+                                     ambiguous=DstAmbiguous(raw["ambiguous"]))
 
 
 # Most jobs share a handful of policies, and building and checking them was two thirds of
 # plan_of (a sixth of a batched create). They are frozen, so one copy serves every job.
-# `typed`: 1, 1.0 and True hash alike, and the checks tell them apart. Exceptions are
-# never cached, so a bad value is judged on every call.
-_cached_policies = functools.lru_cache(maxsize=1024, typed=True)(_policies)
+# `typed`: 1, 1.0 and True hash alike, and the checks tell them apart. -0.0 and 0.0 share
+# a policy (equal as numbers, and every check and delay treats them alike).
+@functools.lru_cache(maxsize=1024, typed=True)
+def _cached_policies(max_attempts: Any, backoff: Any, base_s: Any, max_s: Any, kind: Any,
+                     late_by_s: Any, fire_all_cap: Any, nonexistent: Any,
+                     ambiguous: Any) -> Policies:
+    return _policies_of({
+        "retry": {"max_attempts": max_attempts, "backoff": backoff, "base_s": base_s,
+                  "max_s": max_s},
+        "misfire": {"kind": kind, "late_by_s": late_by_s, "fire_all_cap": fire_all_cap},
+        "dst": {"nonexistent": nonexistent, "ambiguous": ambiguous}})
+
+
+def _shared_policies(spec: dict[str, Any]) -> Policies | None:
+    """The cached policies of a spec whose policies are good; None for any other, which
+    _policies_of then judges and names (exceptions are never cached)."""
+    try:
+        retry, misfire, dst = spec["retry"], spec["misfire"], spec["dst"]
+        return _cached_policies(
+            retry["max_attempts"], retry["backoff"], retry["base_s"], retry["max_s"],
+            misfire["kind"], misfire.get("late_by_s"), misfire.get("fire_all_cap", 100),
+            dst["nonexistent"], dst["ambiguous"])
+    except Exception:
+        return None
 
 
 def plan_of(spec: dict[str, Any]) -> JobPlan:
     """Raises a PermanentError naming the field for anything a scheduler can't honour."""
     try:
-        retry_raw, mis, dst_raw = spec["retry"], spec["misfire"], spec["dst"]
-        args = (retry_raw["max_attempts"], retry_raw["backoff"], retry_raw["base_s"],
-                retry_raw["max_s"], mis["kind"], mis.get("late_by_s"),
-                mis.get("fire_all_cap", 100), dst_raw["nonexistent"], dst_raw["ambiguous"])
-        try:
-            retry, misfire, dst = _cached_policies(*args)
-        except TypeError:  # an unhashable value: judged uncached, for its own error
-            retry, misfire, dst = _policies(*args)
+        retry, misfire, dst = _shared_policies(spec) or _policies_of(spec)
         plan = JobPlan(
             schedule=parse_schedule(spec["schedule"]),
             retry=retry,

@@ -116,3 +116,13 @@ def test_a_refused_create_leaves_no_plan_behind() -> None:
         "CreateJob", "j1", 2, spec=other, idempotency_key=None), ctx)
     job = core.store.job("j1")
     assert job is not None and plans.plan(job).schedule == plan_of(other).schedule
+
+
+def test_a_bad_spec_names_the_field_it_always_named() -> None:
+    # retry is judged before dst is read: the shared path must not report the missing
+    # dst (a KeyError, field None) ahead of the bad retry.
+    bad = spec(target=TARGET, run_at_ms=T0, retry={"max_attempts": 0})
+    del bad["dst"]
+    with pytest.raises(PermanentError) as refused:
+        plan_of(bad)
+    assert refused.value.field == "retry.max_attempts"

@@ -35,9 +35,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HASH_SEED = "0"
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Unavailable(RuntimeError):
@@ -100,13 +102,13 @@ def create_command(jobs: int, batch: int, encode_only: bool, out: Path) -> list[
             *(["--encode-only"] if encode_only else [])]
 
 
-def _instructions(argv: list[str], out: Path) -> int:
+def _instructions(argv: list[str], out: Path, what: str) -> int:
     if shutil.which("valgrind") is None:
         raise Unavailable("valgrind is not installed (apt-get install valgrind)")
     env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not out.exists():
-        raise Unavailable(f"{argv[6]} under valgrind failed ({done.returncode}): "
+        raise Unavailable(f"{what} under valgrind failed ({done.returncode}): "
                           f"{done.stderr[-2000:]}")
     return summary_of(out.read_text())
 
@@ -114,7 +116,8 @@ def _instructions(argv: list[str], out: Path) -> int:
 def count(jobs: int, seconds: int, workdir: Path) -> Count:
     """One core_micro run under cachegrind."""
     out = workdir / f"cachegrind-{seconds}.out"
-    return Count(seconds=seconds, instructions=_instructions(command(jobs, seconds, out), out))
+    return Count(seconds=seconds,
+                 instructions=_instructions(command(jobs, seconds, out), out, "core_micro"))
 
 
 def count_creates(jobs: int, batch: int, encode_only: bool, workdir: Path) -> CreateCount:
@@ -122,7 +125,14 @@ def count_creates(jobs: int, batch: int, encode_only: bool, workdir: Path) -> Cr
     out = workdir / f"cachegrind-{jobs}-{int(encode_only)}.out"
     argv = create_command(jobs, batch, encode_only, out)
     return CreateCount(jobs=jobs, encode_only=encode_only,
-                       instructions=_instructions(argv, out))
+                       instructions=_instructions(argv, out, "create_micro"))
+
+
+def _two_at_a_time(run: Callable[[T, Path], R], args: Sequence[T]) -> list[R]:
+    """run(arg, workdir) for every arg, two at a time (each is one thread under valgrind)."""
+    with tempfile.TemporaryDirectory(prefix="kron-instructions-") as tmp, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda a: run(a, Path(tmp)), args))
 
 
 def measure(jobs: int, seconds: Sequence[int], *,
@@ -130,9 +140,7 @@ def measure(jobs: int, seconds: Sequence[int], *,
     """Both runs at once (each is one thread under valgrind), then the difference."""
     if len(seconds) != 2 or seconds[0] == seconds[1]:
         raise ValueError("give two different numbers of seconds")
-    with tempfile.TemporaryDirectory(prefix="kron-instructions-") as tmp, \
-            concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        counts = list(pool.map(lambda s: counter(jobs, s, Path(tmp)), seconds))
+    counts = _two_at_a_time(lambda s, tmp: counter(jobs, s, tmp), seconds)
     return {"jobs": jobs, "seconds": [c.seconds for c in counts],
             "instructions": [c.instructions for c in counts],
             "instructions_per_execution": round(per_execution(counts, jobs))}
@@ -145,9 +153,7 @@ def measure_creates(jobs: int, batch: int, *,
     if jobs < 1 or batch < 1:
         raise ValueError("jobs and batch must be positive")
     runs = [(n, encode_only) for encode_only in (False, True) for n in (jobs, 2 * jobs)]
-    with tempfile.TemporaryDirectory(prefix="kron-instructions-") as tmp, \
-            concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        counts = list(pool.map(lambda r: counter(r[0], batch, r[1], Path(tmp)), runs))
+    counts = _two_at_a_time(lambda r, tmp: counter(r[0], batch, r[1], tmp), runs)
     return {"jobs": [jobs, 2 * jobs], "batch": batch,
             "instructions": {f"{c.jobs}{' encode only' if c.encode_only else ''}":
                              c.instructions for c in counts},

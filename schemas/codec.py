@@ -360,11 +360,11 @@ class ItemFieldReader:
 
     The mirror of ``SplicedEncoder.adopt`` for batches: the jobs of a CreateJobs record are
     written with their specs' bytes as they came (``SplicedEncoder.keep``), not encoded
-    again (the spec encode was the largest part of a batched create). fastavro reads the
-    parts one by one from one buffer, so each field's bytes are where the buffer stood
-    before and after it. The record is the one ``Codec.decode`` returns; bytes of another
-    schema version, or that this reader cannot read, are decoded by ``Codec.decode``
-    (with its errors), with no field bytes kept.
+    again (the spec encode was the largest part of a batched create). The parts are read
+    one by one (by compiled readers, else by fastavro), so each field's bytes are where the
+    reading stood before and after it. The record is the one ``Codec.decode`` returns;
+    bytes of another schema version, or that this reader cannot read, are decoded by
+    ``Codec.decode`` (with its errors), with no field bytes kept.
     """
 
     def __init__(self, name: str, *, registry: SchemaRegistry | None = None) -> None:
@@ -385,10 +385,12 @@ class ItemFieldReader:
         self._array, self._field = fields[-1]["name"], item_fields[-1]["name"]
         self._entry = entry
         self._tag = _has_record_union(entry.schema)
-        parts = [compile_reader(part, tag=self._tag)
-                 for part in (self._head, self._item_head, self._field_schema)]
-        self._compiled = None if None in parts else cast(tuple[Reader, Reader, Reader],
-                                                         tuple(parts))
+        schemas = (self._head, self._item_head, self._field_schema)
+        head, item, field = (_fastavro_reader(part, self._tag) for part in schemas)
+        self._fastavro = head, item, field
+        compiled = [compile_reader(part, tag=self._tag) for part in schemas]
+        self._compiled = None if None in compiled else cast(tuple[Reader, Reader, Reader],
+                                                            tuple(compiled))
 
     @property
     def field_schema(self) -> Any:
@@ -409,13 +411,13 @@ class ItemFieldReader:
     def _read(self, data: bytes) -> tuple[dict[str, Any], list[bytes]]:
         if self._compiled is not None and type(data) is bytes:
             try:
-                return self._read_compiled(data, *self._compiled)
+                return self._read_parts(data, *self._compiled)
             except (Unfit, IndexError, struct.error, UnicodeDecodeError):
                 pass  # fastavro reads it, or says what is wrong with it
-        return self._read_fastavro(data)
+        return self._read_parts(data, *self._fastavro)
 
-    def _read_compiled(self, data: bytes, head: Reader, item_head: Reader,
-                       field: Reader) -> tuple[dict[str, Any], list[bytes]]:
+    def _read_parts(self, data: bytes, head: Reader, item_head: Reader,
+                    field: Reader) -> tuple[dict[str, Any], list[bytes]]:
         record, p = head(data, HEADER_LEN)
         items: list[dict[str, Any]] = []
         kept: list[bytes] = []
@@ -439,47 +441,16 @@ class ItemFieldReader:
         record[self._array] = items
         return record, kept
 
-    def _read_fastavro(self, data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+
+def _fastavro_reader(schema: Any, tag: bool) -> Reader:
+    """fastavro's schemaless_reader with a compiled reader's signature."""
+    def read(data: bytes, p: int) -> tuple[Any, int]:
         buf = BytesIO(data)
-        buf.seek(HEADER_LEN)
-        tag = self._tag
-        record = cast(dict[str, Any], schemaless_reader(
-            buf, self._head, None, return_record_name=tag, return_record_name_override=tag))
-        items: list[dict[str, Any]] = []
-        kept: list[bytes] = []
-        while count := _read_long(buf):
-            if count < 0:  # a block with its size in bytes after the count
-                count = -count
-                _read_long(buf)
-            for _ in range(count):
-                one = cast(dict[str, Any], schemaless_reader(
-                    buf, self._item_head, None, return_record_name=tag,
-                    return_record_name_override=tag))
-                start = buf.tell()
-                one[self._field] = schemaless_reader(
-                    buf, self._field_schema, None, return_record_name=tag,
-                    return_record_name_override=tag)
-                kept.append(data[start:buf.tell()])
-                items.append(one)
-        if buf.tell() != len(data):
-            raise ValueError("trailing bytes")
-        record[self._array] = items
-        return record, kept
-
-
-def _read_long(buf: BytesIO) -> int:
-    """An Avro long: a zigzag varint."""
-    shift = value = 0
-    while True:
-        byte = buf.read(1)
-        if not byte:
-            raise EOFError("a long ends early")
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return (value >> 1) ^ -(value & 1)
-        shift += 7
-        if shift > 63:
-            raise ValueError("a long longer than 10 bytes")
+        buf.seek(p)
+        value = schemaless_reader(buf, schema, None, return_record_name=tag,
+                                  return_record_name_override=tag)
+        return value, buf.tell()
+    return read
 
 
 def _bare(parsed: Any) -> Any:

@@ -25,6 +25,8 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
+from schemas.codegen import CodeGen, Unsupported
+
 # (bytes, position) -> (value, position after it)
 Reader = Callable[[bytes, int], tuple[Any, int]]
 
@@ -34,10 +36,6 @@ _MAX_DEPTH: Final = 32
 _MAX_LINES: Final = 20_000
 _PRIMITIVES: Final = frozenset(
     ("string", "bytes", "long", "int", "double", "float", "boolean", "null"))
-
-
-class Unsupported(Exception):
-    """The schema uses a type this module does not compile."""
 
 
 class Unfit(Exception):
@@ -69,28 +67,17 @@ def read_long(b: bytes, p: int) -> tuple[int, int]:
     return _varint(b, p)
 
 
-class _Compiler:
+class _Compiler(CodeGen):
     def __init__(self, *, tag: bool, named: dict[str, Any]) -> None:
+        super().__init__()
         self.tag = tag
-        self.lines: list[str] = []
-        self.consts: dict[str, Any] = {}
         # Types the schema names but defines elsewhere (a part of a larger parsed schema).
-        self._named: dict[str, dict[str, Any]] = dict(named)
-        self._n = 0
-
-    def fresh(self, stem: str) -> str:
-        self._n += 1
-        return f"{stem}{self._n}"
-
-    def const(self, stem: str, value: Any) -> str:
-        name = self.fresh(stem)
-        self.consts[name] = value
-        return name
+        self._named.update(named)
 
     def emit(self, depth: int, line: str) -> None:
         if len(self.lines) >= _MAX_LINES:
             raise Unsupported("too much code")
-        self.lines.append("    " * depth + line)
+        super().emit(depth, line)
 
     def value(self, schema: Any, out: str, depth: int, nesting: int = 0) -> None:
         """Lines reading one value of `schema` at `p` into the local `out`."""

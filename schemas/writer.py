@@ -19,6 +19,8 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from schemas.codegen import CodeGen, Unsupported
+
 Writer = Callable[[Mapping[str, Any]], bytes]
 
 _LONG_MIN: Final = -(1 << 63)
@@ -27,10 +29,6 @@ _MAX_DEPTH: Final = 32
 # Timestamps repeat: a spike's slots share their due time, and a busy second its clock
 # readings. Cleared when full rather than evicted one by one.
 _RECENT_MAX: Final = 1 << 14
-
-
-class Unsupported(Exception):
-    """The schema uses a type this module does not compile."""
 
 
 class Unfit(Exception):
@@ -123,25 +121,10 @@ _PRIMITIVES: Final = {"string": "_str", "bytes": "_bytes", "long": "_long", "int
                       "null": "_null"}
 
 
-class _Compiler:
+class _Compiler(CodeGen):
     def __init__(self, *, other_keys: bool) -> None:
+        super().__init__()
         self.other_keys = other_keys
-        self.lines: list[str] = []
-        self.consts: dict[str, Any] = {}
-        self._named: dict[str, dict[str, Any]] = {}
-        self._n = 0
-
-    def fresh(self, stem: str) -> str:
-        self._n += 1
-        return f"{stem}{self._n}"
-
-    def const(self, stem: str, value: Any) -> str:
-        name = self.fresh(stem)
-        self.consts[name] = value
-        return name
-
-    def emit(self, depth: int, line: str) -> None:
-        self.lines.append("    " * depth + line)
 
     def value(self, schema: Any, expr: str, depth: int, nesting: int = 0) -> None:
         """Lines appending the Avro bytes of `expr` (a local name) to `out`."""

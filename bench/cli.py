@@ -250,6 +250,7 @@ def timers(
     batch: Annotated[int, typer.Option(
         min=1, max=500, help="Jobs per command: 1 sends CreateJob, more send CreateJobs "
         "records of up to this many jobs of one partition.")] = 1,
+    workers: WorkersOpt = 1,
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
     plot_dir: PlotOpt = None,
@@ -264,16 +265,19 @@ def timers(
 ) -> None:
     """JOBS pending timers: create rate, worker RSS and disk, restart and cold-rebuild times.
 
-    Always one worker: the restart numbers are a single worker's. Nothing fires, so --plot
-    draws the creates' produce-to-ack latency and acks per second.
+    With several workers the RSS is the largest worker's, the disk all of theirs, and the
+    restarts restart them all. Nothing fires, so --plot draws the creates' produce-to-ack
+    latency and acks per second.
     """
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
                   label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
                   repeat=repeat, broker_warmup_s=broker_warmup)
+    if workers < 1:
+        raise typer.BadParameter("timers needs at least one worker", param_hint="--workers")
     run(scenarios.timers, opts, jobs=jobs, partitions=partitions, due_in_s=due_in,
-        batch=batch)
+        batch=batch, workers=workers)
 
 
 @bench_app.command()
@@ -316,6 +320,7 @@ def failover(
         help="Seconds into the window to kill -9 a worker (default: a third of it).")] = None,
     session_timeout: Annotated[float | None, typer.Option(
         help="KRON_SESSION_TIMEOUT_S of the workers (default: kron's default).")] = None,
+    workers: WorkersOpt = 2,
     partitions: PartitionsOpt = 8,
     as_json: JsonOpt = False,
     plot_dir: PlotOpt = None,
@@ -328,7 +333,7 @@ def failover(
     repeat: RepeatOpt = 1,
     broker_warmup: BrokerWarmupOpt = 30.0,
 ) -> None:
-    """Two workers at RATE; one is killed with SIGKILL mid-run. Takeover, lateness, loss."""
+    """WORKERS (two) at RATE; one is killed with SIGKILL mid-run. Takeover, lateness, loss."""
     from bench import scenarios
 
     opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
@@ -337,5 +342,7 @@ def failover(
     kill = duration / 3 if kill_after is None else kill_after
     if not 0 < kill < duration:
         raise typer.BadParameter("must be inside the window", param_hint="--kill-after")
+    if workers < 2:
+        raise typer.BadParameter("failover needs at least two workers", param_hint="--workers")
     run(scenarios.failover, opts, rate_per_s=rate, duration_s=duration, kill_after_s=kill,
-        partitions=partitions, session_timeout_s=session_timeout)
+        partitions=partitions, session_timeout_s=session_timeout, workers=workers)

@@ -78,7 +78,8 @@ def _timers(r: Result) -> list[str]:
     # "Via Kafka" counts a create once the worker applied it, not when Kafka acked it.
     out = _under("jobs", r.get("jobs"), 1_000_000, "")
     out += _under("creates", r.get("create_applied_per_s"), 20_000, "/s")
-    out += _over("RSS", (r.get("rss_mb") or {}).get("w1"), 1536, "MB")
+    # Per worker: the largest of them.
+    out += _over("RSS", max((r.get("rss_mb") or {}).values(), default=None), 1536, "MB")
     out += _over("restart", r.get("restart_ready_s"), 15, "s")
     return out + _over("cold rebuild", r.get("cold_ready_s"), 120, "s")
 
@@ -152,10 +153,12 @@ def options(r: Result) -> str:
         "steady": [str(r.get("target")), f"{num(r.get('rate'))}/s x {num(_window(r))} s", w],
         "burst": [f"{num(r.get('jobs'))} jobs", w],
         "timers": [f"{num(r.get('jobs'))} jobs"] + (
-            [f"CreateJobs of {num(r['batch'])}"] if r.get("batch", 1) > 1 else []),
+            [f"CreateJobs of {num(r['batch'])}"] if r.get("batch", 1) > 1 else []) + (
+            [w] if r.get("workers", 1) != 1 else []),
         "api": [f"{r.get('concurrency')} clients x {num(r.get('duration_s'))} s", w],
         "failover": [f"{num(r.get('rate'))}/s x {num(_window(r))} s",
-                     f"kill at {num(r.get('kill_after_s'))} s"],
+                     f"kill at {num(r.get('kill_after_s'))} s"] + (
+            [w] if r.get("workers", 2) != 2 else []),
     }.get(str(s), [])
     if r.get("find_max"):
         parts.append("find-max")

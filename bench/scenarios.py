@@ -506,13 +506,15 @@ def burst(*, jobs: int, workers: int, partitions: int, plot_dir: Path | None = N
 
 
 def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400, batch: int = 1,
-           plot_dir: Path | None = None, label: str | None = None,
+           workers: int = 1, plot_dir: Path | None = None, label: str | None = None,
            worker_env: dict[str, str] | None = None,
            broker_warmup_s: float = 0.0) -> Result:
-    """N pending one-offs: create rate, memory and disk with them pending, restart times."""
+    """N pending one-offs: create rate, memory and disk with them pending, restart times.
+    With several workers, each holds its partitions' jobs (and standbys of the others'),
+    and a restart restarts them all."""
     with Stack(partitions=partitions, worker_env=worker_env,
                broker_warmup_s=broker_warmup_s) as stack:
-        empty_ready_s = start_workers(stack, 1)
+        empty_ready_s = start_workers(stack, workers)
         stack.mark()
         spec = job_spec(target=http_target(f"{stack.receiver.url}/never"),
                         run_at_ms=now_ms() + due_in_s * 1000)
@@ -526,14 +528,14 @@ def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400, batch: int = 1
         plots = _timers_plots(stack, plot_dir, plot_stem("timers", label), started, jobs)
         time.sleep(2.0)  # let RocksDB flush and the RSS settle before reading them
         stack.sampler.sample()
-        pending = {"rss_mb": stack.sampler.rss_mb(["w1"], peak=False).get("w1"),
-                   "disk_mb": round(du_bytes(stack.worker_dir("w1")) / 2**20, 1)}
+        pending = _footprint(stack)
         log(f"{jobs} pending: {pending}")
         warm = restart(stack, wipe=False)
         log(f"restart with local state: ready in {warm['ready_s']} s")
         cold = restart(stack, wipe=True)
         log(f"restart from the changelogs: ready in {cold['ready_s']} s")
         stack.sampler.sample()
+        after_cold = _footprint(stack)
         history = stack.history(grace_ms=AUDIT_GRACE_MS)
         total_s = setup["applied_s"]
         result = common(stack, "timers", executions=0, duration_s=total_s, lateness=[],
@@ -547,11 +549,24 @@ def timers(*, jobs: int, partitions: int, due_in_s: int = 86_400, batch: int = 1
             "empty_ready_s": round(empty_ready_s, 2),
             "restart_ready_s": warm["ready_s"], "restart_stop_s": warm["stop_s"],
             "cold_ready_s": cold["ready_s"], "cold_stop_s": cold["stop_s"],
-            "rss_mb_after_cold": stack.sampler.rss_mb(["w1"], peak=False).get("w1"),
-            "disk_mb_after_cold": round(du_bytes(stack.worker_dir("w1")) / 2**20, 1),
+            "rss_mb_after_cold": after_cold["rss_mb"],
+            "disk_mb_after_cold": after_cold["disk_mb"],
             "plots": plots,
         })
         return result
+
+
+def _footprint(stack: Stack) -> dict[str, Any]:
+    """The largest worker's RSS (the floor is per worker) and the state on disk of all of
+    them, with each worker's own figures when there are several."""
+    names = stack.worker_names()
+    rss = stack.sampler.rss_mb(names, peak=False)
+    disk = {n: round(du_bytes(stack.worker_dir(n)) / 2**20, 1) for n in names}
+    out: dict[str, Any] = {"rss_mb": max(rss.values(), default=None),
+                           "disk_mb": round(sum(disk.values()), 1)}
+    if len(names) > 1:
+        out["per_worker"] = {n: {"rss_mb": rss.get(n), "disk_mb": disk[n]} for n in names}
+    return out
 
 
 def _timers_plots(stack: Stack, plot_dir: Path | None, stem: str, started: float,
@@ -570,18 +585,24 @@ def _timers_plots(stack: Stack, plot_dir: Path | None, stem: str, started: float
 
 
 def restart(stack: Stack, *, wipe: bool) -> dict[str, float]:
-    """SIGTERM w1, optionally delete its state, start it again; time until probes fire."""
-    proc = stack.workers["w1"]
+    """SIGTERM every worker, optionally delete their state, start them again; time until
+    probes fire on every partition."""
     t0 = time.monotonic()
-    proc.signal(signal.SIGTERM)
-    if not proc.wait(60):
-        log("[yellow]warning:[/yellow] w1 ignored SIGTERM for 60 s; killing it")
-        proc.kill()
+    names = stack.worker_names()
+    for name in names:
+        stack.workers[name].signal(signal.SIGTERM)
+    for name in names:  # they stop side by side; each gets the same 60 s
+        proc = stack.workers[name]
+        if not proc.wait(max(1.0, 60 - (time.monotonic() - t0))):
+            log(f"[yellow]warning:[/yellow] {name} ignored SIGTERM for 60 s; killing it")
+            proc.kill()
     stop_s = time.monotonic() - t0
     if wipe:
-        shutil.rmtree(stack.worker_dir("w1"))
+        for name in names:
+            shutil.rmtree(stack.worker_dir(name))
     started = time.monotonic()
-    stack.start_worker("w1")
+    for name in names:
+        stack.start_worker(name)
     stack.wait_ready(timeout_s=600)
     return {"stop_s": round(stop_s, 2), "ready_s": round(time.monotonic() - started, 2)}
 
@@ -677,16 +698,20 @@ def api(*, duration_s: int, concurrency: int, workers: int, partitions: int,
 
 
 def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partitions: int,
-             session_timeout_s: float | None, plot_dir: Path | None = None,
+             session_timeout_s: float | None, workers: int = 2, plot_dir: Path | None = None,
              label: str | None = None, worker_env: dict[str, str] | None = None,
              broker_warmup_s: float = 0.0) -> Result:
-    """Two workers at a steady rate; one is SIGKILLed mid-window. Who picks up, how fast."""
+    """Workers (two by default) at a steady rate; one is SIGKILLed mid-window. Who picks
+    up, how fast."""
+    if workers < 2:
+        raise ValueError("failover needs at least two workers: one to kill, one to take over")
     with Stack(partitions=partitions, session_timeout_s=session_timeout_s,
                worker_env=worker_env, broker_warmup_s=broker_warmup_s) as stack:
-        start_workers(stack, 2)
+        start_workers(stack, workers)
         owners = stack.partition_owners(stack.last_probe_ids)
-        victim = "w2" if "w2" in owners.values() else "w1"
-        survivor = "w1" if victim == "w2" else "w2"
+        # The last worker that owns partitions: with two, w2 as before.
+        victim = max(set(owners.values()), key=lambda w: int(w[1:]), default="w1")
+        survivors = set(stack.worker_names()) - {victim}
         orphans = sorted(p for p, w in owners.items() if w == victim)
         log(f"partition owners: {owners}; {victim} will be killed")
         window_ms = next_second(now_ms() + lead_ms(rate_per_s))
@@ -714,7 +739,7 @@ def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partition
         result = common(stack, "failover", executions=len(seen.first),
                         duration_s=duration_s, lateness=seen.lateness(due), history=history,
                         seen=seen)
-        result.update(_failover_extras(history, seen, orphans, survivor, kill_ms))
+        result.update(_failover_extras(history, seen, orphans, survivors, kill_ms))
         result.update({"rate": rate_per_s, "window_s": duration_s, "expected":
                        rate_per_s * duration_s, "victim": victim, "owners": owners,
                        "kill_after_s": round(kill_after_s, 2), "setup": setup,
@@ -729,8 +754,8 @@ def failover(*, rate_per_s: int, duration_s: int, kill_after_s: float, partition
         return result
 
 
-def _failover_extras(history: History, seen: Deliveries, orphans: list[int], survivor: str,
-                     kill_ms: int) -> dict[str, Any]:
+def _failover_extras(history: History, seen: Deliveries, orphans: list[int],
+                     survivors: set[str], kill_ms: int) -> dict[str, Any]:
     """Slots of the partitions the victim owned: their lateness, the takeover, misses."""
     part_of: dict[str, int] = {}
     takeover: int | None = None
@@ -738,7 +763,7 @@ def _failover_extras(history: History, seen: Deliveries, orphans: list[int], sur
         rec = e.record
         assert rec is not None
         part_of[rec["exec_id"]] = e.partition
-        if (e.partition in orphans and executor_of(rec) == survivor
+        if (e.partition in orphans and executor_of(rec) in survivors
                 and rec["updated_at_ms"] >= kill_ms):
             takeover = min(takeover or rec["updated_at_ms"], rec["updated_at_ms"])
     orphan_hits = [h for h in seen.first.values()

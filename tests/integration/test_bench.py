@@ -113,12 +113,18 @@ def test_burst_runs_every_job_once_with_progress_and_without_the_barrier() -> No
 
 
 def test_timers_creates_pending_jobs_and_restarts() -> None:
-    # In CreateJobs batches: every other scenario creates its jobs one CreateJob each.
-    r = bench("timers", "--jobs", "300", "--batch", "50", timeout_s=150)
+    # In CreateJobs batches: every other scenario creates its jobs one CreateJob each. Two
+    # workers: the restarts stop and start both, and every job survives the cold one.
+    r = bench("timers", "--jobs", "300", "--batch", "50", "--workers", "2", timeout_s=150)
     assert r["jobs"] == 300 and r["executions"] == 0 and r["batch"] == 50
+    assert r["workers"] == 2 and set(r["rss_mb"]) == {"w1", "w2"}
     assert r["create_acked_per_s"] > 0 and r["create_applied_per_s"] > 0
     assert r["restart_ready_s"] > 0 and r["cold_ready_s"] > 0
-    assert r["pending"]["rss_mb"] > 0
+    each = r["pending"]["per_worker"]
+    assert set(each) == {"w1", "w2"} and all(w["rss_mb"] > 0 for w in each.values())
+    assert r["pending"]["rss_mb"] == max(w["rss_mb"] for w in each.values())
+    assert r["pending"]["disk_mb"] == pytest.approx(sum(w["disk_mb"] for w in each.values()),
+                                                    abs=0.11)
 
 
 def test_api_accepts_creates(tmp_path: Path) -> None:

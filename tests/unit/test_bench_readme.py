@@ -204,6 +204,23 @@ def test_a_timers_run_with_batched_creates_says_so() -> None:
         "1,000 jobs, CreateJobs of 100")
 
 
+def test_a_timers_or_failover_run_names_workers_other_than_its_default() -> None:
+    assert options({"scenario": "timers", "jobs": 1000, "workers": 1}) == "1,000 jobs"
+    assert options({"scenario": "timers", "jobs": 1000, "batch": 100, "workers": 2}) == (
+        "1,000 jobs, CreateJobs of 100, 2 workers")
+    failover = {"scenario": "failover", "rate": 500, "window_s": 60, "kill_after_s": 20}
+    assert options({**failover, "workers": 2}).startswith("500/s x 60 s, kill at 20 s, fire")
+    assert "3 workers" in options({**failover, "workers": 3})
+
+
+def test_the_timers_rss_floor_is_judged_by_the_largest_worker() -> None:
+    two = {**TIMERS, "workers": 2, "rss_mb": {"w1": 900.0, "w2": 1600.0}}
+    floor = readme.floor_of(two)
+    assert floor is not None and floor.key == "timers"
+    assert "RSS 1,600.0 MB > 1,536 MB" in readme.verdict(floor, two)
+    assert "RSS" not in readme.verdict(floor, {**two, "rss_mb": {"w1": 900.0, "w2": 1500.0}})
+
+
 def test_a_single_runs_host_probe_is_shown_and_an_old_result_without_one_is_not() -> None:
     probed = {**STEADY, "host": {"probe_ms_before": 64.3, "probe_ms_after": 80.0}}
     assert readme.row("steady-kafka", probed)[11].endswith("; host probe 64.3 ms")

@@ -4,7 +4,11 @@ the source refers to."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+# Named types are compiled inline at each use, so records that reuse each other in a chain
+# double the code per level; past this a schema is left to fastavro.
+MAX_LINES: Final = 20_000
 
 
 class Unsupported(Exception):
@@ -29,4 +33,6 @@ class CodeGen:
         return name
 
     def emit(self, depth: int, line: str) -> None:
+        if len(self.lines) >= MAX_LINES:
+            raise Unsupported("too much code")
         self.lines.append("    " * depth + line)

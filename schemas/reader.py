@@ -31,9 +31,6 @@ from schemas.codegen import CodeGen, Unsupported
 Reader = Callable[[bytes, int], tuple[Any, int]]
 
 _MAX_DEPTH: Final = 32
-# Named types are compiled inline at each use, so records that reuse each other in a chain
-# double the code per level; past this a schema is left to fastavro.
-_MAX_LINES: Final = 20_000
 _PRIMITIVES: Final = frozenset(
     ("string", "bytes", "long", "int", "double", "float", "boolean", "null"))
 
@@ -73,11 +70,6 @@ class _Compiler(CodeGen):
         self.tag = tag
         # Types the schema names but defines elsewhere (a part of a larger parsed schema).
         self._named.update(named)
-
-    def emit(self, depth: int, line: str) -> None:
-        if len(self.lines) >= _MAX_LINES:
-            raise Unsupported("too much code")
-        super().emit(depth, line)
 
     def value(self, schema: Any, out: str, depth: int, nesting: int = 0) -> None:
         """Lines reading one value of `schema` at `p` into the local `out`."""

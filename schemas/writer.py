@@ -6,11 +6,13 @@ function generated once per schema writes the same bytes in ~6 us: a few lines p
 varints for the small numbers and the recent large ones looked up instead of computed.
 
 It is a fast path only, for records in their canonical form: plain str, int, float, bytes,
-dict and list values, exactly the schema's keys. Anything else raises, and the caller then
-uses fastavro, which writes the record or names what is wrong with it; so the bytes are
-fastavro's or the error is, never a third answer (a hypothesis test compares the two). A
-schema with a type this does not compile (unions other than null and one type, logical
-types, fixed, recursion) gets no compiled writer at all.
+dict and list values, exactly the schema's keys, and (name, value) tuples for a union of
+several types. Anything else raises, and the caller then uses fastavro, which writes the
+record or names what is wrong with it; so the bytes are fastavro's or the error is, never a
+third answer (a hypothesis test compares the two). What it writes, fastavro's validation
+accepts too (its checks are a subset of these), so a validating codec uses it as well. A
+schema with a type this does not compile (logical types, fixed, recursion) gets no compiled
+writer at all.
 """
 
 from __future__ import annotations
@@ -215,15 +217,55 @@ class _Compiler(CodeGen):
         self.emit(depth, "a(b'\\x00')")
 
     def union(self, branches: list[Any], expr: str, depth: int, nesting: int) -> None:
-        if len(branches) != 2 or "null" not in branches or branches[0] == branches[1]:
-            raise Unsupported("unions other than null and one type")
-        null_at = branches.index("null")
-        other = branches[1 - null_at]
-        self.emit(depth, f"if {expr} is None:")
-        self.emit(depth + 1, f"a({_SMALL[null_at]!r})")
+        if len(branches) == 2 and "null" in branches and branches[0] != branches[1]:
+            null_at = branches.index("null")
+            self.emit(depth, f"if {expr} is None:")
+            self.emit(depth + 1, f"a({_SMALL[null_at]!r})")
+            self.emit(depth, "else:")
+            self.emit(depth + 1, f"a({_SMALL[1 - null_at]!r})")
+            self.value(branches[1 - null_at], expr, depth + 1, nesting + 1)
+        else:
+            self.tagged_union(branches, expr, depth, nesting)
+
+    def tagged_union(self, branches: list[Any], expr: str, depth: int, nesting: int) -> None:
+        """A union of several types takes fastavro's tuple notation only, (branch name,
+        value), as the API builds a spec's target and schedule. fastavro picks any other
+        value's branch by validating it against each in turn (records by the most fields
+        matched); such values are left to it."""
+        names = [_branch_name(b) for b in branches]
+        if len(set(names)) != len(names):
+            raise Unsupported("a union naming a type twice")
+        table = self.const("U", {name: i for i, name in enumerate(names)})
+        tag, inner, index = self.fresh("t"), self.fresh("v"), self.fresh("x")
+        if "null" in names:
+            self.emit(depth, f"if {expr} is None:")
+            self.emit(depth + 1, f"{tag}, {inner} = 'null', None")
+            self.emit(depth, f"elif type({expr}) is tuple and len({expr}) == 2:")
+        else:
+            self.emit(depth, f"if type({expr}) is tuple and len({expr}) == 2:")
+        self.emit(depth + 1, f"{tag}, {inner} = {expr}")
         self.emit(depth, "else:")
-        self.emit(depth + 1, f"a({_SMALL[1 - null_at]!r})")
-        self.value(other, expr, depth + 1, nesting + 1)
+        self.emit(depth + 1, "raise Unfit('not a tagged (name, value) tuple')")
+        # An unknown or unhashable name raises here, and fastavro then names the error.
+        self.emit(depth, f"{index} = {table}[{tag}]")
+        self.emit(depth, f"a(_SMALL[{index}])")
+        for i, branch in enumerate(branches):
+            self.emit(depth, f"{'if' if i == 0 else 'elif'} {index} == {i}:")
+            self.value(branch, inner, depth + 1, nesting + 1)
+
+
+def _branch_name(branch: Any) -> str:
+    """The name fastavro matches a tuple's first item against: a named type's full name,
+    otherwise the type's."""
+    if isinstance(branch, dict):
+        kind = branch.get("type")
+        name = branch.get("name") if kind in ("record", "enum", "fixed", "error") else kind
+        if not isinstance(name, str):
+            raise Unsupported(repr(branch))
+        return name
+    if not isinstance(branch, str):
+        raise Unsupported(repr(branch))
+    return branch
 
 
 def compile_writer(schema: Any, *, prefix: bytes = b"",

@@ -69,6 +69,55 @@ def _job_state(job_id: str, tenant: str) -> bytes:
         "owner_epoch": 1, "running": [], "queued_slot_ms": None})
 
 
+def _state(spec: dict[str, object], *, version: int, key: str | None, event: str) -> bytes:
+    return codec.encode("kron.state.JobState", {
+        "envelope": {"event_id": f"e-{event}-{version}", "event_type": event,
+                     "schema_version": 1, "occurred_at_ms": 5, "tenant": "acme",
+                     "causation_id": None, "correlation_id": None, "producer": "w1"},
+        "job_id": "j_1", "version": version, "status": "active", "spec": spec,
+        "created_at_ms": 1, "updated_at_ms": 5, "next_run_at_ms": 9, "cursor_ms": None,
+        "applied_command_ids": ["c"], "idempotency_key": key, "owner_epoch": 1,
+        "running": [], "queued_slot_ms": None})
+
+
+@pytest.mark.parametrize("key", ["k-1", None])
+def test_a_jobs_view_keeps_its_spec_until_the_version_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str | None) -> None:
+    """Firings reuse the view's spec and fingerprint; an update replaces both. Only a job
+    with an idempotency key has its fingerprint computed (routes._fingerprint does the
+    rest on demand)."""
+    settings = Settings(data_dir=tmp_path, topic_prefix="p")
+    views = Views(tmp_path / "v")
+    projector = Projector(settings, views)
+    fingerprints: list[str] = []
+    fingerprint = models.spec_fingerprint
+
+    def counted(spec: dict[str, object]) -> str:
+        fingerprints.append(fingerprint(spec))
+        return fingerprints[-1]
+
+    monkeypatch.setattr(models, "spec_fingerprint", counted)
+    specs = [models.build_spec(models.parse_request({
+        "name": name, "schedule": {"cron": "0 * * * *"},
+        "target": {"type": "http", "url": "http://x.test/"}}), now_ms=1, allow_private=False)
+        for name in ("first", "second")]
+    topic = settings.topic("jobs")
+    records = [(specs[0], 1, "job.created"), (specs[0], 1, "job.slot_fired"),
+               (specs[0], 1, "job.slot_fired"), (specs[1], 2, "job.updated"),
+               (specs[1], 2, "job.slot_fired")]
+    for offset, (spec, version, event) in enumerate(records):
+        projector.apply(topic, 0, offset,
+                        _state(spec, version=version, key=key, event=event))
+        view = views.job("j_1")
+        assert view is not None and view["version"] == version
+        assert view["spec"]["name"] == spec["name"]
+        expected = fingerprint(spec) if key else None
+        assert view["fingerprint"] == expected
+    # Once per version with a key (the create and the update), never without one.
+    assert len(fingerprints) == (2 if key else 0)
+    views.close()
+
+
 def test_projecting_a_job_drops_its_entry_together_with_the_view_write(tmp_path: Path) -> None:
     """A reader holding the lock sees the job either projected or pending, never both or
     neither: the quota (active count + pending) can't count it twice or miss it."""

@@ -214,16 +214,17 @@ class TableStore:
         record = cache.get(key, raw)
         return codec.decode(raw).record if record is None else record
 
-    def _write(self, table: Any, cache: RecordCache, key: bytes, raw: bytes,
+    def _write(self, table: Any, cache: RecordCache | None, key: bytes, raw: bytes,
                record: Record) -> None:
         table.write(self._partition, key, raw, self._epoch)
-        cache.put(key, raw, record)
+        if cache is not None:
+            cache.put(key, raw, record)
 
     def job(self, job_id: str) -> Record | None:
         return self._read(self._jobs, self._job_cache, job_id.encode())
 
-    def put_job(self, job: Record) -> None:
-        self._write(self._jobs, self._job_cache, job["job_id"].encode(),
+    def put_job(self, job: Record, *, cache: bool = True) -> None:
+        self._write(self._jobs, self._job_cache if cache else None, job["job_id"].encode(),
                     job_encoder().encode(job), job)
 
     def execution(self, exec_id: str) -> Record | None:

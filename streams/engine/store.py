@@ -73,7 +73,10 @@ class PartitionStore(Protocol):
 
     def job(self, job_id: str) -> Record | None: ...
 
-    def put_job(self, job: Record) -> None: ...
+    def put_job(self, job: Record, *, cache: bool = True) -> None:
+        """cache=False: the job will not be read soon (it fires much later), so a store
+        that keeps decoded copies of what it wrote need not keep this one."""
+        ...
 
     def execution(self, exec_id: str) -> Record | None: ...
 
@@ -126,7 +129,7 @@ class MemoryStore:
     def job(self, job_id: str) -> Record | None:
         return self._read("job", self.jobs, job_id)
 
-    def put_job(self, job: Record) -> None:
+    def put_job(self, job: Record, *, cache: bool = True) -> None:
         self._write("job", self.jobs, job["job_id"], job, names.JOB_STATE)
 
     def execution(self, exec_id: str) -> Record | None:

@@ -176,7 +176,7 @@ def test_a_batch_read_again_changes_no_job() -> None:
 
 
 class Unwritable(MemoryStore):
-    def put_job(self, job: dict[str, Any]) -> None:
+    def put_job(self, job: dict[str, Any], *, cache: bool = True) -> None:
         raise OSError(28, "No space left on device")
 
 

@@ -126,8 +126,8 @@ class CodecStore(MemoryStore):
     def job(self, job_id: str) -> Record | None:
         return self._read("job", job_id)
 
-    def put_job(self, job: Record) -> None:
-        self._put("job", self.JOB, job["job_id"], job, self.jobs)
+    def put_job(self, job: Record, *, cache: bool = True) -> None:
+        self._put("job", self.JOB, job["job_id"], job, self.jobs, cache=cache)
 
     def execution(self, exec_id: str) -> Record | None:
         return self._read("execution", exec_id)
@@ -147,7 +147,7 @@ class CodecStore(MemoryStore):
         return cached
 
     def _put(self, kind: str, schema: str, key: str, rec: Record,
-             table: dict[str, Record]) -> None:
+             table: dict[str, Record], *, cache: bool = True) -> None:
         raw = codec.encode(schema, rec)
         if kind == "job":
             # What the TableStore writes: the spec's bytes reused while it is the same object.
@@ -155,7 +155,8 @@ class CodecStore(MemoryStore):
         self._raw[(kind, key)] = raw
         table[key] = stored = codec.decode(raw).record
         self.log.append((kind, stored))
-        self.caches[kind].put(key.encode(), raw, rec)
+        if cache:
+            self.caches[kind].put(key.encode(), raw, rec)
 
 
 @dataclass(frozen=True, kw_only=True)

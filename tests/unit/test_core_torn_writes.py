@@ -33,9 +33,9 @@ class Recording(MemoryStore):
         super().__init__()
         self.writes: list[tuple[str, Any, Any]] = []
 
-    def put_job(self, job: Record) -> None:
+    def put_job(self, job: Record, *, cache: bool = True) -> None:
         self.writes.append(("jobs", job["job_id"], copy.deepcopy(job)))
-        super().put_job(job)
+        super().put_job(job, cache=cache)
 
     def put_execution(self, execution: Record) -> None:
         self.writes.append(("executions", execution["exec_id"], copy.deepcopy(execution)))

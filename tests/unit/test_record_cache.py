@@ -79,6 +79,15 @@ def test_a_record_written_here_reads_back_equal_without_a_decode(tables: Any) ->
     assert later.job("no such job") is None
 
 
+def test_a_job_written_without_caching_is_read_from_its_bytes(tables: Any) -> None:
+    jobs = RecordCache()
+    job = canonical(names.JOB_STATE)
+    store = store_of(tables, jobs, RecordCache())
+    store.put_job(job, cache=False)
+    assert len(jobs) == 0
+    assert store.job(job["job_id"]) == job and (jobs.hits, jobs.misses) == (0, 1)
+
+
 def saved_execution(tables: Any) -> tuple[TableStore, RecordCache, Record, Record]:
     """A store over `tables` that has just written an execution: the store, its cache, the
     record it was given and a snapshot of that record as saved."""

@@ -52,8 +52,8 @@ TARGET = {"url": "http://target.invalid/hook"}
 class SnapshotStore(MemoryStore):
     """MemoryStore whose log holds a copy of each record as written, like a changelog."""
 
-    def put_job(self, job: Record) -> None:
-        super().put_job(job)
+    def put_job(self, job: Record, *, cache: bool = True) -> None:
+        super().put_job(job, cache=cache)
         self.log[-1] = ("job", copy.deepcopy(job))
 
     def put_execution(self, execution: Record) -> None:

@@ -101,6 +101,36 @@ def test_a_create_hands_its_plan_to_the_first_fire() -> None:
     assert [e.job_id for e in effects if isinstance(e, core_module.Dispatch)] == ["j1"]
 
 
+class CountingStore(MemoryStore):
+    """Records what the core asked the store to cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cached: dict[str, bool] = {}
+
+    def put_job(self, job: dict[str, Any], *, cache: bool = True) -> None:
+        self.cached[job["job_id"]] = cache
+        super().put_job(job, cache=cache)
+
+
+@pytest.mark.parametrize(("due_in_ms", "hot"), [
+    (0, True), (core_module.HOT_CREATE_MS, True), (core_module.HOT_CREATE_MS + 1, False),
+    (86_400_000, False)])
+def test_only_a_create_due_soon_is_cached_and_a_later_one_still_fires(
+        due_in_ms: int, hot: bool) -> None:
+    store, plans = CountingStore(), PlanCache()
+    core = PartitionCore(store, plans)
+    ctx = Context(now_ms=T0, causation_id="ev-1", worker="w1", epoch=1)
+    core.on_command("kron.commands.CreateJob", _command(
+        "CreateJob", "j1", 1, spec=spec(target=TARGET, run_at_ms=T0 + due_in_ms),
+        idempotency_key=None), ctx)
+    assert store.cached == {"j1": hot} and len(plans) == (1 if hot else 0)
+    effects, _ = core.on_tick(Context(now_ms=T0 + due_in_ms, causation_id="ev-2",
+                                      worker="w1", epoch=1))
+    assert [e.job_id for e in effects if isinstance(e, core_module.Dispatch)] == ["j1"]
+    assert len(plans) == 1  # the fire planned it, and keeps it for the result
+
+
 def test_a_refused_create_leaves_no_plan_behind() -> None:
     plans = PlanCache()
     core = PartitionCore(MemoryStore(), plans)

@@ -21,6 +21,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from api import models
 from api.auth import Authenticator, RateLimiter
+from api.batcher import CreateBatcher
 from api.problems import Problem
 from api.projection import ACTIVE_JOB as ACTIVE
 from api.projection import PendingJob, Projector, Unprojected, Views, jsonable
@@ -65,6 +66,7 @@ class Service:
     clock: Clock
     auth: Authenticator
     limiter: RateLimiter
+    creates: CreateBatcher | None = None  # None: every create is a CreateJob of its own
 
     @property
     def pending(self) -> Unprojected:
@@ -139,6 +141,18 @@ class Service:
                           f"Kafka did not acknowledge the command: {exc}",
                           headers={"Retry-After": "5"}) from exc
         return command_id
+
+    async def create_batched(self, creates: CreateBatcher, tenant: str, job_id: str,
+                             spec: dict[str, Any], view: dict[str, Any]) -> None:
+        """A keyless create, in its tenant's next CreateJobs record (api/batcher.py)."""
+        command_id, acked = creates.add(tenant, job_id, spec)
+        view["applied_command_ids"] = [command_id]  # what the worker will record
+        try:
+            await acked
+        except BrokerUnavailable as exc:
+            raise Problem(503, "broker-unavailable",
+                          f"Kafka did not acknowledge the command: {exc}",
+                          headers={"Retry-After": "5"}) from exc
 
     async def applied(self, job_id: str, command_id: str) -> dict[str, Any] | None:
         """Read-your-writes: wait until the projection shows the command applied."""
@@ -215,7 +229,8 @@ def build_router(svc: Service) -> APIRouter:
         req = _invalid_as_422(models.parse_request, await svc.body(request))
         now = svc.clock.now_ms()
         key = req.idempotency_key
-        job_id = job_id_for(tenant, key)
+        creates = svc.creates if key is None else None  # a keyed create's id is the key's
+        job_id = creates.job_id(tenant) if creates is not None else job_id_for(tenant, key)
         existing = svc.job(tenant, job_id)
         # A replayed create may come after its run_at passed: judge it without "now" checks.
         spec = _spec_or_problem(req, now, svc.settings, check_times=existing is None)
@@ -234,8 +249,11 @@ def build_router(svc: Service) -> APIRouter:
         upcoming = models.upcoming(spec, now_ms=now)  # once: it re-runs plan_of
         pending = _reserve(svc, tenant, job_id, key, spec, now, upcoming)
         try:
-            await svc.send(tenant, "CreateJob", job_id, idempotency_key=key, spec=spec,
-                           command_id=pending.view["applied_command_ids"][0])
+            if creates is not None:
+                await svc.create_batched(creates, tenant, job_id, spec, pending.view)
+            else:
+                await svc.send(tenant, "CreateJob", job_id, idempotency_key=key, spec=spec,
+                               command_id=pending.view["applied_command_ids"][0])
         except BaseException:
             svc.pending.drop(job_id)
             raise

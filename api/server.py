@@ -18,10 +18,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth import Authenticator, RateLimiter
+from api.batcher import CreateBatcher
 from api.problems import Problem, on_http, on_problem, on_validation
 from api.projection import Projector, Views
 from api.publisher import CommandPublisher
-from api.routes import Service, body_schemas, build_router
+from api.routes import Service, body_schemas, build_router, new_id
 from kron.clock import Clock, SystemClock
 from kron.settings import Settings
 from kron.topics import admin_client
@@ -63,6 +64,10 @@ def create_app(settings: Settings, *, components: Components | None = None,
                clock: Clock | None = None) -> FastAPI:
     parts = components or build_components(settings)
     clock = clock or SystemClock()
+    creates = None if settings.api_create_batch == 1 else CreateBatcher(
+        lambda name, record, key: parts.publisher.publish(name, record, key=key),
+        partitions=settings.partitions, new_id=new_id, now_ms=clock.now_ms,
+        max_jobs=settings.api_create_batch)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,6 +75,8 @@ def create_app(settings: Settings, *, components: Components | None = None,
         try:
             yield
         finally:
+            if creates is not None:
+                await creates.close()
             parts.projector.stop()
             parts.publisher.close()
             parts.views.close()
@@ -87,7 +94,8 @@ def create_app(settings: Settings, *, components: Components | None = None,
                       publisher=parts.publisher, clock=clock,
                       auth=Authenticator(settings.tenant_keys),
                       limiter=RateLimiter(clock=clock, rate_per_s=settings.tenant_rate_per_s,
-                                          burst=settings.tenant_burst))
+                                          burst=settings.tenant_burst),
+                      creates=creates)
     app.include_router(build_router(service))
     _document_bodies(app)
 

@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     tenant_burst: int = Field(default=400, ge=1)
     tenant_max_active_jobs: int = Field(default=100_000, ge=1)
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Keyless creates of a tenant that arrive while its last batch waits for Kafka's ack go
+    # out together as one CreateJobs record of up to this many (api/batcher.py). 1: each
+    # create is a CreateJob record of its own.
+    api_create_batch: int = Field(default=100, ge=1, le=500)
     # Worker
     # Call targets only after the attempt's start is acknowledged by Kafka: a crash then
     # repeats a call only as a new attempt with a new token. Costs dispatch latency.

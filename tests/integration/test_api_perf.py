@@ -16,7 +16,8 @@ import pytest
 from api import models
 from api.projection import PendingJob, Projector, Unprojected, Views
 from kron.settings import Settings
-from schemas import codec
+from replay.reader import read_topic
+from schemas import codec, names
 from tests.support.stack import wait_until
 
 
@@ -193,8 +194,17 @@ def test_creates_under_concurrent_load_all_land(api_stack) -> None:
     assert wait_until(lambda: httpx.get(f"{url}/readyz").json()["unprojected_creates"] == 0,
                       60)
     with httpx.Client(base_url=url, headers={"X-API-Key": "key-acme"}, timeout=20) as c:
-        assert len(c.get("/v1/jobs", params={"name": "perf-", "limit": 500}).json()[
-            "jobs"]) == 400
+        listed = c.get("/v1/jobs", params={"name": "perf-", "limit": 500}).json()["jobs"]
+        assert len(listed) == 400
+        ids = {j["job_id"] for j in listed}
+    # Creates that met a batch in flight left together (api/batcher.py): fewer CreateJobs
+    # records than creates, each job in exactly one of them.
+    batches = [e.record["jobs"] for e in read_topic(api_stack.settings, api_stack.settings.topic(
+        "commands")) if e.name == names.CREATE_JOBS and e.record
+        and any(j["job_id"] in ids for j in e.record["jobs"])]
+    batched = [j["job_id"] for jobs in batches for j in jobs]
+    assert sorted(batched) == sorted(ids)
+    assert len(batches) < 400, "no two concurrent creates shared a record"
 
 
 class _Msg:

@@ -154,6 +154,11 @@ class Batch:
         self.views.db.write(self.wb)
 
 
+# Bump when request_of or spec_fingerprint changes what they return: views kept from before
+# are then rendered again at their job's next record instead of kept (see apply_job).
+VIEW_FORMAT = 1
+
+
 def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
     from api.models import request_of, spec_fingerprint
 
@@ -164,7 +169,8 @@ def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
     # keep the view's spec and fingerprint: they were a fifth of this thread's time, which
     # the request handlers wait for (the GIL).
     same = ("spec" in old and old.get("version") == rec["version"]
-            and old.get("created_at_ms") == rec["created_at_ms"])
+            and old.get("created_at_ms") == rec["created_at_ms"]
+            and old.get("view_format") == VIEW_FORMAT)
     spec = old["spec"] if same else jsonable(request_of(rec["spec"]))
     fingerprint = old.get("fingerprint") if same else None
     if fingerprint is None and rec["idempotency_key"]:
@@ -174,6 +180,7 @@ def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
     view = {
         "job_id": job_id, "tenant": tenant, "version": rec["version"],
         "status": rec["status"], "spec": spec, "fingerprint": fingerprint,
+        "view_format": VIEW_FORMAT,
         "created_at_ms": rec["created_at_ms"], "updated_at_ms": rec["updated_at_ms"],
         "next_run_at_ms": rec["next_run_at_ms"], "cursor_ms": rec["cursor_ms"],
         "idempotency_key": rec["idempotency_key"],

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth import Authenticator, RateLimiter
-from api.batcher import CreateBatcher
+from api.batcher import MAX_PARTITIONS, CreateBatcher
 from api.problems import Problem, on_http, on_problem, on_validation
 from api.projection import Projector, Views
 from api.publisher import CommandPublisher
@@ -64,14 +64,18 @@ def create_app(settings: Settings, *, components: Components | None = None,
                clock: Clock | None = None) -> FastAPI:
     parts = components or build_components(settings)
     clock = clock or SystemClock()
-    creates = None if settings.api_create_batch == 1 else CreateBatcher(
-        lambda name, record, key: parts.publisher.publish(name, record, key=key),
-        partitions=settings.partitions, new_id=new_id, now_ms=clock.now_ms,
-        max_jobs=settings.api_create_batch)
+    creates = None
+    if settings.api_create_batch > 1 and settings.partitions <= MAX_PARTITIONS:
+        creates = CreateBatcher(
+            lambda name, record, key: parts.publisher.publish(name, record, key=key),
+            partitions=settings.partitions, new_id=new_id, now_ms=clock.now_ms,
+            max_jobs=settings.api_create_batch)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         parts.projector.start()
+        if creates is not None and not await asyncio.to_thread(_partitions_match, settings):
+            service.creates = None  # every create a CreateJob of its own, as with batch=1
         try:
             yield
         finally:
@@ -115,6 +119,25 @@ def create_app(settings: Settings, *, components: Components | None = None,
                             status_code=200 if ready else 503)
 
     return app
+
+
+def _partitions_match(settings: Settings) -> bool:
+    """False if the commands topic has another partition count than KRON_PARTITIONS: the
+    batcher draws each job's id for a partition by that count, so the worker would refuse
+    jobs of a batch. True when it cannot tell (no broker yet, no topic)."""
+    topic = settings.topic("commands")
+    try:
+        meta = admin_client(settings).list_topics(topic, timeout=5).topics.get(topic)
+    except Exception as exc:  # the broker may come later; the worker checks its topics too
+        log.warning("could not read %s's partitions: %r", topic, exc)
+        return True
+    if meta is None or meta.error is not None or not meta.partitions:
+        return True
+    if len(meta.partitions) != settings.partitions:
+        log.warning("%s has %d partitions but KRON_PARTITIONS is %d: creates are not batched",
+                    topic, len(meta.partitions), settings.partitions)
+        return False
+    return True
 
 
 def _document_bodies(app: FastAPI) -> None:

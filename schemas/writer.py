@@ -233,9 +233,12 @@ class _Compiler(CodeGen):
         value's branch by validating it against each in turn (records by the most fields
         matched); such values are left to it."""
         names = [_branch_name(b) for b in branches]
-        if len(set(names)) != len(names):
+        named = [n for n in names if n is not None]
+        if len(set(named)) != len(named):
             raise Unsupported("a union naming a type twice")
-        table = self.const("U", {name: i for i, name in enumerate(names)})
+        # A branch without a name (an inline enum, array or map) is never picked here:
+        # fastavro's validation cannot match a tuple to one, so its values go to fastavro.
+        table = self.const("U", {n: i for i, n in enumerate(names) if n is not None})
         tag, inner, index = self.fresh("t"), self.fresh("v"), self.fresh("x")
         if "null" in names:
             self.emit(depth, f"if {expr} is None:")
@@ -254,18 +257,18 @@ class _Compiler(CodeGen):
             self.value(branch, inner, depth + 1, nesting + 1)
 
 
-def _branch_name(branch: Any) -> str:
-    """The name fastavro matches a tuple's first item against: a named type's full name,
-    otherwise the type's."""
-    if isinstance(branch, dict):
-        kind = branch.get("type")
-        name = branch.get("name") if kind in ("record", "enum", "fixed", "error") else kind
+def _branch_name(branch: Any) -> str | None:
+    """The name both fastavro's writer and its validation match a tuple's first item
+    against: an inline record's full name, or a branch given by name (a primitive, or a
+    named type defined earlier). None for the inline branches validation never matches."""
+    if isinstance(branch, str):
+        return branch
+    if isinstance(branch, dict) and branch.get("type") == "record":
+        name = branch.get("name")
         if not isinstance(name, str):
             raise Unsupported(repr(branch))
         return name
-    if not isinstance(branch, str):
-        raise Unsupported(repr(branch))
-    return branch
+    return None
 
 
 def compile_writer(schema: Any, *, prefix: bytes = b"",

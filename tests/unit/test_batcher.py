@@ -12,16 +12,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.batcher import CreateBatcher
-from schemas import names
+from api.batcher import MAX_PARTITIONS, CreateBatcher, size_bound
+from schemas import codec, names
+from schemas.errors import EncodeError
 from streams.engine.batch import check_partition, item_command, partition_for
+from tests.unit.test_codec import CREATE_JOBS
 
 PARTITIONS = 8
 SPEC = {"name": "x"}
 
 
 class Publisher:
-    """Records each publish; holds its ack until `release` (or fails it with `error`)."""
+    """Records each publish; holds its ack while `gate` is clear, fails it with `error`,
+    and refuses to encode a record holding a spec named "bad" (as the codec would raise)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any], str]] = []
@@ -30,6 +33,9 @@ class Publisher:
         self.error: Exception | None = None
 
     async def __call__(self, name: str, record: dict[str, Any], key: str) -> None:
+        specs = [j["spec"] for j in record["jobs"]] if "jobs" in record else [record["spec"]]
+        if any(spec.get("name") == "bad" for spec in specs):
+            raise EncodeError(name, "spec.name: bad")
         self.sent.append((name, record, key))
         await self.gate.wait()
         if self.error is not None:
@@ -49,7 +55,8 @@ async def settle() -> None:
 
 
 def jobs_of(publish: Publisher) -> list[list[str]]:
-    return [[j["job_id"] for j in record["jobs"]] for _, record, _ in publish.sent]
+    return [[j["job_id"] for j in record["jobs"]] for name, record, _ in publish.sent
+            if name == names.CREATE_JOBS]
 
 
 def test_a_lone_create_leaves_at_once_as_a_batch_of_one() -> None:
@@ -177,3 +184,56 @@ def test_close_sends_what_is_open_and_waits_for_it() -> None:
 def test_a_batch_size_outside_createjobs_limits_is_refused() -> None:
     with pytest.raises(ValueError, match="1 to 500"):
         batcher(Publisher(), max_jobs=501)
+    with pytest.raises(ValueError, match="partitions"):
+        CreateBatcher(Publisher(), partitions=MAX_PARTITIONS + 1, new_id=lambda: "x",
+                      now_ms=lambda: 0)
+
+
+def test_a_batch_leaves_before_its_bytes_could_pass_the_budget() -> None:
+    async def run() -> None:
+        publish = Publisher()
+        counter = itertools.count()
+        b = CreateBatcher(publish, partitions=PARTITIONS, new_id=lambda: f"{next(counter):032x}",
+                          now_ms=lambda: 1, max_jobs=500, max_bytes=10_000)
+        big = {"name": "x", "body": b"x" * 3_000}
+        publish.gate.clear()
+        first = b.add("acme", b.job_id("acme"), big)[1]
+        await settle()
+        rest = [b.add("acme", b.job_id("acme"), big)[1] for _ in range(7)]
+        publish.gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+        sizes = [len(j) for j in jobs_of(publish)]
+        assert sum(sizes) == 8 and max(sizes) == 3  # 3 x ~3,050 bytes fit in 10,000
+        for _, record, _ in publish.sent:
+            assert sum(size_bound(j) for j in record["jobs"]) <= 10_000
+
+    asyncio.run(run())
+
+
+def test_a_batch_that_does_not_encode_fails_only_its_bad_create() -> None:
+    async def run() -> None:
+        publish = Publisher()
+        b = batcher(publish)
+        publish.gate.clear()
+        first = b.add("acme", b.job_id("acme"), SPEC)[1]
+        await settle()
+        ids = [b.add("acme", b.job_id("acme"), {"name": name}) for name in ("a", "bad", "c")]
+        publish.gate.set()
+        results = await asyncio.gather(first, *(acked for _, acked in ids),
+                                       return_exceptions=True)
+        assert results[:2] == [None, None] and results[3] is None
+        assert isinstance(results[2], EncodeError)
+        # The good ones went as the CreateJobs each stands for: the same command ids.
+        alone = {r["command_id"] for name, r, _ in publish.sent if name == names.CREATE_JOB}
+        assert alone == {ids[0][0], ids[2][0]}
+
+    asyncio.run(run())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(CREATE_JOBS, min_size=1, max_size=4))
+def test_the_byte_bound_is_never_below_the_encoded_record(creates: list[dict[str, Any]]) -> None:
+    record = {"envelope": creates[0]["envelope"], "command_id": creates[0]["command_id"],
+              "jobs": [{"job_id": c["job_id"], "idempotency_key": c["idempotency_key"],
+                        "spec": c["spec"]} for c in creates]}
+    assert len(codec.encode(names.CREATE_JOBS, record)) <= size_bound(record)

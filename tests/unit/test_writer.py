@@ -246,6 +246,45 @@ def test_a_union_of_any_value_gets_fastavros_answer_validated_or_not(
     _validating_same_answer(names.CREATE_JOB, swapped)
 
 
+# Every kind of branch a union of several types can have, inline and by name.
+BRANCHES = parse_schema({
+    "type": "record", "name": "t.Branches", "fields": [
+        {"name": "r", "type": {"type": "record", "name": "t.R1", "fields": [
+            {"name": "x", "type": "long"}]}},
+        {"name": "u", "type": [
+            "null", "int", "t.R1",
+            {"type": "enum", "name": "t.E1", "symbols": ["A", "B"]},
+            {"type": "array", "items": "long"}, {"type": "map", "values": "string"},
+            {"type": "record", "name": "t.R2", "fields": [{"name": "y", "type": "t.E1"}]}]},
+        {"name": "v", "type": ["t.E1", {"type": "string"}, "t.R2"]}]})
+BRANCH_VALUES = st.one_of(
+    st.none(), INTS.map(lambda i: ("int", i)), LONGS.map(lambda x: ("t.R1", {"x": x})),
+    st.sampled_from("AB").map(lambda e: ("t.E1", e)),
+    st.sampled_from("AB").map(lambda e: ("t.R2", {"y": e})),
+    st.lists(LONGS, max_size=2).map(lambda a: ("array", a)),
+    st.dictionaries(TEXT, TEXT, max_size=2).map(lambda m: ("map", m)),
+    TEXT.map(lambda t: ("string", t)), st.just(("null", None)), ODD_VALUES)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=400)
+@given(LONGS, BRANCH_VALUES, BRANCH_VALUES)
+def test_a_tagged_branch_of_any_kind_is_written_only_where_validation_takes_it(
+        x: int, u: Any, v: Any) -> None:
+    record = {"r": {"x": x}, "u": u, "v": v}
+    writer = compile_writer(BRANCHES)
+    assert writer is not None
+    try:
+        fast: bytes | None = writer(record)
+    except Exception:
+        fast = None
+    if fast is None:
+        return
+    assert validate(record, BRANCHES, raise_errors=False), record
+    buf = BytesIO()
+    schemaless_writer(buf, BRANCHES, record, strict_allow_default=True)
+    assert fast == buf.getvalue()
+
+
 @settings(suppress_health_check=[HealthCheck.too_slow], max_examples=300)
 @given(EXECUTION_STATES, st.data())
 def test_a_validating_codec_gives_its_old_answer_for_any_field_value(

@@ -264,3 +264,17 @@ def test_wait_async_wakes_when_a_batch_lands(tmp_path: Path) -> None:
     assert woke and not timed_out and took < 2
     assert not projector._wakers
     views.close()
+
+
+@pytest.mark.integration
+def test_batching_needs_the_commands_topics_partition_count(api_stack) -> None:
+    """The batcher draws ids for a partition by KRON_PARTITIONS: the API checks the topic
+    at start, and a count the topic does not have turns batching off."""
+    from api.server import _partitions_match
+
+    settings = api_stack.settings
+    assert _partitions_match(settings)
+    assert not _partitions_match(settings.model_copy(update={
+        "partitions": settings.partitions * 2}))
+    # An unknown topic cannot tell: batching stays as configured.
+    assert _partitions_match(settings.model_copy(update={"topic_prefix": "nope"}))

@@ -54,6 +54,14 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def one_in_flight(b: CreateBatcher, publish: Publisher) -> Any:
+    """A lone create of acme's, sent and held unacknowledged; returns its awaitable."""
+    publish.gate.clear()
+    acked = b.add("acme", b.job_id("acme"), SPEC)[1]
+    await settle()
+    return acked
+
+
 def jobs_of(publish: Publisher) -> list[list[str]]:
     return [[j["job_id"] for j in record["jobs"]] for name, record, _ in publish.sent
             if name == names.CREATE_JOBS]
@@ -84,9 +92,7 @@ def test_creates_during_a_flight_wait_for_its_ack_then_leave_together(
     async def run() -> None:
         publish = Publisher()
         b = batcher(publish, max_jobs=max_jobs)
-        publish.gate.clear()
-        first = b.add("acme", b.job_id("acme"), SPEC)[1]
-        await settle()  # the first batch leaves; its ack is held
+        first = await one_in_flight(b, publish)
         later = [b.add("acme", b.job_id("acme"), SPEC)[1] for _ in range(waiting)]
         await asyncio.sleep(0.01)
         # Only full batches left while the first was in flight.
@@ -121,9 +127,7 @@ def test_one_tenants_flight_does_not_hold_another_tenants_creates() -> None:
     async def run() -> None:
         publish = Publisher()
         b = batcher(publish)
-        publish.gate.clear()
-        held = b.add("acme", b.job_id("acme"), SPEC)[1]
-        await settle()
+        held = await one_in_flight(b, publish)
         other = b.add("zeta", b.job_id("zeta"), SPEC)[1]
         await settle()
         assert [r["envelope"]["tenant"] for _, r, _ in publish.sent] == ["acme", "zeta"]
@@ -151,9 +155,7 @@ def test_a_failed_publish_fails_every_create_of_its_batch_and_not_the_next() -> 
     async def run() -> None:
         publish = Publisher()
         b = batcher(publish)
-        publish.gate.clear()
-        first = b.add("acme", b.job_id("acme"), SPEC)[1]
-        await settle()
+        first = await one_in_flight(b, publish)
         batch = [b.add("acme", b.job_id("acme"), SPEC)[1] for _ in range(3)]
         publish.error = RuntimeError("broker away")
         publish.gate.set()
@@ -214,9 +216,7 @@ def test_a_batch_that_does_not_encode_fails_only_its_bad_create() -> None:
     async def run() -> None:
         publish = Publisher()
         b = batcher(publish)
-        publish.gate.clear()
-        first = b.add("acme", b.job_id("acme"), SPEC)[1]
-        await settle()
+        first = await one_in_flight(b, publish)
         ids = [b.add("acme", b.job_id("acme"), {"name": name}) for name in ("a", "bad", "c")]
         publish.gate.set()
         results = await asyncio.gather(first, *(acked for _, acked in ids),

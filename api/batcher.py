@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import names
+from schemas.envelope import make_envelope
 from schemas.errors import EncodeError
 from streams.engine.batch import MAX_JOBS, item_command, item_command_id, partition_for
 
@@ -92,7 +93,6 @@ class CreateBatcher:
         self._next_partition: dict[str, int] = {}
         self._in_flight: dict[str, int] = {}
         self._sending: set[asyncio.Task[None]] = set()
-        self.records = 0  # CreateJobs records sent, for tests and logs
 
     def job_id(self, tenant: str) -> str:
         """A new random job id on the partition the tenant's next create is batched on."""
@@ -140,17 +140,16 @@ class CreateBatcher:
     def _send(self, tenant: str) -> None:
         batch = self._open.pop(tenant)
         self._in_flight[tenant] = self._in_flight.get(tenant, 0) + 1
-        self.records += 1
         task = asyncio.get_running_loop().create_task(self._deliver(tenant, batch))
         self._sending.add(task)  # a task nobody holds may be collected before it ends
         task.add_done_callback(self._sending.discard)
 
     async def _deliver(self, tenant: str, batch: _Batch) -> None:
         record = {
-            "envelope": {"event_id": batch.command_id,
-                         "event_type": "job.create_many_requested", "schema_version": 1,
-                         "occurred_at_ms": self._now_ms(), "tenant": tenant,
-                         "causation_id": None, "correlation_id": None, "producer": "api"},
+            "envelope": make_envelope(event_id=batch.command_id,
+                                      event_type="job.create_many_requested",
+                                      occurred_at_ms=self._now_ms(), tenant=tenant,
+                                      producer="api"),
             "command_id": batch.command_id, "jobs": batch.jobs}
         try:
             # Keyed by its first job: the murmur2 partitioner puts it on the jobs' partition.

@@ -137,9 +137,7 @@ class Service:
         try:
             await self.publisher.publish(f"kron.commands.{kind}", record, key=job_id)
         except BrokerUnavailable as exc:
-            raise Problem(503, "broker-unavailable",
-                          f"Kafka did not acknowledge the command: {exc}",
-                          headers={"Retry-After": "5"}) from exc
+            raise _not_acknowledged(exc) from exc
         return command_id
 
     async def create_batched(self, creates: CreateBatcher, tenant: str, job_id: str,
@@ -150,9 +148,7 @@ class Service:
         try:
             await acked
         except BrokerUnavailable as exc:
-            raise Problem(503, "broker-unavailable",
-                          f"Kafka did not acknowledge the command: {exc}",
-                          headers={"Retry-After": "5"}) from exc
+            raise _not_acknowledged(exc) from exc
 
     async def applied(self, job_id: str, command_id: str) -> dict[str, Any] | None:
         """Read-your-writes: wait until the projection shows the command applied."""
@@ -204,6 +200,11 @@ class Service:
 
 _ids = random.Random(os.urandom(32))
 os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))  # no shared sequence
+
+
+def _not_acknowledged(exc: BrokerUnavailable) -> Problem:
+    return Problem(503, "broker-unavailable", f"Kafka did not acknowledge the command: {exc}",
+                   headers={"Retry-After": "5"})
 
 
 def new_id() -> str:

@@ -37,13 +37,15 @@ from streams.engine.faust_store import (
     TerminalMemo,
 )
 from streams.reports import MAX_BATCH
-from streams.tables import unlogged_writes
+from streams.tables import KeyFloor, unlogged_writes
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a whole second
 
 
 class Table:
-    """One partition's store, written as FencedTable.write writes it (minus the produce)."""
+    """One partition's store, written as FencedTable.write writes it (minus the produce),
+    with its key floor: without one every tick's scan walked the fired timers' tombstones
+    from the first key, which the worker's scans skip."""
 
     def __init__(self, path: Path) -> None:
         options = Options(raw_mode=True)
@@ -51,6 +53,7 @@ class Table:
         self.db = Rdict(str(path), options=options)
         self.db.set_write_options(unlogged_writes())
         self.data = self
+        self.floor = KeyFloor()
 
     def _db_for_partition(self, partition: int) -> Rdict:
         return self.db
@@ -60,6 +63,7 @@ class Table:
             self.db.delete(key)
         else:
             self.db.put(key, value)
+            self.floor.lower(partition, key)
 
 
 class Partition:

@@ -47,7 +47,7 @@ from fastavro.read import SchemaResolutionError
 from fastavro.validation import ValidationError, validate
 
 from schemas.errors import DecodeError, EncodeError
-from schemas.reader import Reader, Unfit, compile_reader, read_all, read_long
+from schemas.reader import OutOfRange, Reader, Unfit, compile_reader, read_all, read_long
 from schemas.registry import (
     HEADER_LEN,
     MARKER,
@@ -88,7 +88,8 @@ class _ReadPlan:
     # Asking fastavro for branch names costs 10-15% of a decode even for schemas without record
     # unions, so only schemas that have one pay for it.
     tag_unions: bool
-    # The writer's compiled reader (schemas.reader), when there is no schema to resolve.
+    # The writer's compiled reader (schemas.reader). With a schema to resolve, it only
+    # checks the bytes (an index out of range) before fastavro reads them.
     compiled: Reader | None
 
 
@@ -225,7 +226,7 @@ class Codec:
             reader=reader,
             reader_schema=None if reader is writer else reader.schema,
             tag_unions=tag,
-            compiled=compile_reader(writer.schema, tag=tag) if reader is writer else None,
+            compiled=compile_reader(writer.schema, tag=tag),
         )
 
     def _reader_entry(self, name: str, version: int | None) -> SchemaEntry:
@@ -413,6 +414,8 @@ class ItemFieldReader:
         if self._compiled is not None and type(data) is bytes:
             try:
                 return self._read_parts(data, *self._compiled)
+            except OutOfRange:
+                raise  # damaged, though fastavro might read it: see schemas.reader
             except (Unfit, IndexError, struct.error, UnicodeDecodeError):
                 pass  # fastavro reads it, or says what is wrong with it
         return self._read_parts(data, *self._fastavro)
@@ -497,13 +500,19 @@ def decode(data: bytes, reader_name: str | None = None) -> Decoded:
 
 
 def _read_compiled(data: bytes, plan: _ReadPlan) -> dict[str, Any] | None:
-    """The record by the compiled reader; None where fastavro must read (or refuse) it."""
+    """The record by the compiled reader; None where fastavro must read (or refuse) it:
+    bytes the compiled reader leaves to it, or a record to resolve to another version."""
     if plan.compiled is None:
         return None
     try:
-        return cast(dict[str, Any], read_all(plan.compiled, data, HEADER_LEN))
+        record = read_all(plan.compiled, data, HEADER_LEN)
+    except OutOfRange as exc:
+        raise DecodeError(
+            "truncated_or_corrupt",
+            f"cannot read {plan.writer.name} v{plan.writer.version} body: {exc}") from exc
     except Unfit:
         return None
+    return cast(dict[str, Any], record) if plan.reader_schema is None else None
 
 
 def _read_body(buf: BytesIO, plan: _ReadPlan) -> dict[str, Any]:

@@ -6,13 +6,16 @@ function generated once per schema reads the same record with a few lines per fi
 bytes and an index, with no file object.
 
 It is a fast path only, for `bytes` written with the schema it was compiled from (no schema
-resolution). Where anything is off (bytes end early, a varint runs over 64 bits, an index
-out of range, a boolean byte other than 0 or 1, bad UTF-8), it raises Unfit and the caller
-asks fastavro, which reads the bytes or names what is wrong with them: the record is
-fastavro's or the error is, never a third answer (a hypothesis test compares the two on
-records and on random bytes). A schema with a type this does not compile (fixed, logical
-types, recursion, named references in unions it cannot tag as fastavro does) gets no
-compiled reader at all.
+resolution). Where anything is off (bytes end early, a varint runs over 64 bits, a boolean
+byte other than 0 or 1, bad UTF-8), it raises Unfit and the caller asks fastavro, which
+reads the bytes or names what is wrong with them: the record is fastavro's or the error is,
+never a third answer (a hypothesis test compares the two on records and on random bytes).
+An enum or union index out of range raises OutOfRange, an Unfit that is an error in its
+own right: fastavro reads index -1 Python-style, as the last symbol or branch, where Java
+refuses it, so damaged bytes would decode as a record that was never written. (The codec
+also runs a schema's compiled reader over bytes it resolves to another version, to check
+them.) A schema with a type this does not compile (fixed, logical types, recursion, named
+references in unions it cannot tag as fastavro does) gets no compiled reader at all.
 
 `tag` mirrors fastavro's `return_record_name` with `return_record_name_override`, as
 schemas.codec reads: a union with two or more record branches reads as (name, record), a
@@ -37,6 +40,11 @@ _PRIMITIVES: Final = frozenset(
 
 class Unfit(Exception):
     """The bytes are not a record this reader reads as fastavro does: ask fastavro."""
+
+
+class OutOfRange(Unfit):
+    """An enum or union index outside the schema's: the bytes are damaged, whatever
+    fastavro would make of them."""
 
 
 def _varint(b: bytes, p: int) -> tuple[int, int]:
@@ -142,7 +150,7 @@ class _Compiler(CodeGen):
             i = self.fresh("i")
             self.long(i, depth)
             self.emit(depth, f"if not 0 <= {i} < {len(schema['symbols'])}: "
-                             "raise Unfit('an enum index out of range')")
+                             "raise OutOfRange('an enum index out of range')")
             self.emit(depth, f"{out} = {symbols}[{i}]")
         elif kind in ("array", "map"):
             self.block(schema, out, depth, nesting)
@@ -194,7 +202,7 @@ class _Compiler(CodeGen):
             if self.tag and records > 1 and self._is_record(branch):
                 name = branch if isinstance(branch, str) else branch["name"]
                 self.emit(depth + 1, f"{out} = ({name!r}, {out})")
-        self.emit(depth, "else: raise Unfit('a union index out of range')")
+        self.emit(depth, "else: raise OutOfRange('a union index out of range')")
 
 
 def compile_reader(schema: Any, *, tag: bool = False) -> Reader | None:
@@ -211,7 +219,8 @@ def compile_reader(schema: Any, *, tag: bool = False) -> Reader | None:
                         "    return out, p"])
     namespace: dict[str, Any] = {
         "_varint": _varint, "_double": struct.Struct("<d").unpack_from,
-        "_float": struct.Struct("<f").unpack_from, "Unfit": Unfit, **c.consts}
+        "_float": struct.Struct("<f").unpack_from, "Unfit": Unfit, "OutOfRange": OutOfRange,
+        **c.consts}
     name = schema.get("name", "?") if isinstance(schema, dict) else "?"
     exec(compile(source, f"<avro reader {name}>", "exec"), namespace)
     read: Reader = namespace["read"]

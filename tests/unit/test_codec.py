@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -18,7 +19,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import pytest
-from fastavro import schemaless_writer
+from fastavro import schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +32,14 @@ from schemas.errors import (
     EncodeError,
     UnknownSchemaError,
 )
-from schemas.registry import AVRO_DIR, MARKER, SchemaRegistry, crc64_avro, default_registry
+from schemas.registry import (
+    AVRO_DIR,
+    HEADER_LEN,
+    MARKER,
+    SchemaRegistry,
+    crc64_avro,
+    default_registry,
+)
 from tests.golden.make_golden import INT_MAX, LONG_MAX, SAMPLES, SPEC_HTTP_FULL, T0
 
 REGISTRY = default_registry()
@@ -537,16 +545,35 @@ def test_corrupt_values_inside_the_body(tmp_path: Path) -> None:
         assert info.value.reason == "truncated_or_corrupt", case
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fastavro indexes symbols/branches Python-style, so index -1 reads the last one; "
-    "Java rejects it. Only reachable with bytes no conforming writer produces.",
-)
+NEGATIVE_INDEXES = {"enum index -1": b"\x01\x00\x04hi", "union index -1": b"\x00\x01\x02n\x04hi"}
+
+
 def test_negative_enum_or_union_index_is_rejected(tmp_path: Path) -> None:
+    """fastavro indexes symbols and branches Python-style, so index -1 reads the last one;
+    Java refuses it, and so does the codec: damaged bytes must not read as a record."""
     codec, header = _tiny_codec(tmp_path)
-    for body in (b"\x01\x00\x04hi", b"\x00\x01\x02n\x04hi"):
-        with pytest.raises(DecodeError):
+    for case, body in NEGATIVE_INDEXES.items():
+        with pytest.raises(DecodeError) as info:
             codec.decode(header + body)
+        assert info.value.reason == "truncated_or_corrupt", case
+        assert "out of range" in info.value.message, case
+
+
+def test_negative_index_is_rejected_when_resolving_to_a_later_version(tmp_path: Path) -> None:
+    """Bytes of an older version are read by fastavro, which resolves them; the writer's
+    compiled reader checks them first."""
+    _tiny_codec(tmp_path)
+    v1 = json.loads((tmp_path / "kron.test.Tiny.v1.avsc").read_text())
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "extra", "type": "int", "default": 7}]}
+    (tmp_path / "kron.test.Tiny.v2.avsc").write_text(json.dumps(v2))
+    codec = Codec(SchemaRegistry.from_directory(tmp_path))
+    header = codec.registry.get("kron.test.Tiny", 1).header
+    assert codec.decode(header + b"\x02\x02\x02n\x04hi").record == {
+        "kind": "b", "note": "n", "text": "hi", "extra": 7}
+    for case, body in NEGATIVE_INDEXES.items():
+        with pytest.raises(DecodeError) as info:
+            codec.decode(header + body)
+        assert info.value.reason == "truncated_or_corrupt", case
 
 
 def test_incompatible_reader_schema() -> None:
@@ -777,6 +804,31 @@ def test_a_batchs_spec_is_written_as_a_jobs_spec() -> None:
     reader = ItemFieldReader(names.CREATE_JOBS)
     assert reader.field_schema == SplicedEncoder(names.JOB_STATE, "spec").field_schema
     assert reader.field_schema != SplicedEncoder(names.JOB_STATE, "envelope").field_schema
+
+
+def test_item_reader_refuses_a_damaged_index_as_decode_does() -> None:
+    """Each byte of a batch in turn set to 0x01 (zigzag -1): the item reader answers as
+    decode does, record or error. Some of those bytes are enum or union indexes, which
+    fastavro alone would read as the last symbol or branch."""
+    batch = encode(names.CREATE_JOBS, SAMPLES[(names.CREATE_JOBS, 1)][0])
+    reader, schema = ItemFieldReader(names.CREATE_JOBS), default_registry().latest(
+        names.CREATE_JOBS).schema
+    refused_though_fastavro_reads = 0
+    for at in range(HEADER_LEN, len(batch)):
+        damaged = batch[:at] + b"\x01" + batch[at + 1:]
+        try:
+            expected: Any = decode(damaged)
+        except DecodeError as exc:
+            expected = exc.reason
+            with contextlib.suppress(Exception):
+                schemaless_reader(BytesIO(damaged[HEADER_LEN:]), schema, None)
+                refused_though_fastavro_reads += 1
+        try:
+            got: Any = reader.decode(damaged)[0]
+        except DecodeError as exc:
+            got = exc.reason
+        assert got == expected, at
+    assert refused_though_fastavro_reads > 0
 
 
 def test_item_reader_leaves_other_records_and_bad_bytes_to_decode() -> None:

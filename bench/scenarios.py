@@ -229,6 +229,9 @@ def common(stack: Stack, scenario: str, *, executions: int, duration_s: float,
                   "slots_checked": history.report.slots_checked},
         "rss_mb": stack.sampler.rss_mb(workers),
         "cpu_s": stack.sampler.cpu_s(workers),
+        # Share of one core each worker's event-loop thread used through the load: near
+        # 1.0, that thread is what bounds the run.
+        "loop_busy": stack.sampler.loop_busy(workers),
         "rss_mb_other": stack.sampler.rss_mb(others),
         "cpu_s_other": stack.sampler.cpu_s(others),
         "workers": len(workers),

@@ -66,6 +66,35 @@ class Usage:
         return (self.cpu_done + self.cpu_now - self.cpu_base) / CLK_TCK
 
 
+@dataclass(slots=True)
+class Loop:
+    """A process's main thread, where a worker's event loop and agents run, through the
+    load window: its CPU ticks at the window's first and latest samples. One thread
+    bounds a worker, so its busy share says whether the worker was saturated; the
+    process's CPU does not (librdkafka's and RocksDB's threads add to it)."""
+
+    pid: int
+    first_ticks: int
+    first_t: float
+    last_ticks: int
+    last_t: float
+
+    def busy(self) -> float | None:
+        """CPU seconds per second of the window: 1.0 is a saturated thread."""
+        span = self.last_t - self.first_t
+        if span <= 0:
+            return None
+        return round((self.last_ticks - self.first_ticks) / CLK_TCK / span, 2)
+
+
+def main_thread_ticks(pid: int) -> int | None:
+    """utime+stime ticks of a process's main thread (the task whose id is the pid)."""
+    try:
+        return cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text())
+    except OSError:
+        return None
+
+
 def read_proc(pid: int) -> tuple[int, int] | None:
     """(VmRSS kB, utime+stime ticks) of a live process, from /proc."""
     try:
@@ -79,10 +108,17 @@ def read_proc(pid: int) -> tuple[int, int] | None:
 
 
 class Sampler:
-    """Samples /proc every 0.5 s in a thread; peak RSS and CPU seconds per process name."""
+    """Samples /proc every 0.5 s in a thread; peak RSS and CPU seconds per process name,
+    and each process's main-thread busy share through the load window (mark to
+    mark_end). A process started or restarted inside the window is not in that share."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, main_ticks: Callable[[int], int | None] = main_thread_ticks,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.usage: dict[str, Usage] = {}
+        self.loops: dict[str, Loop] = {}
+        self._window_open = False
+        self._main_ticks = main_ticks
+        self._clock = clock
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
@@ -113,13 +149,45 @@ class Sampler:
                 if got is not None:
                     u.last_kb, u.cpu_now = got
                     u.peak_kb = max(u.peak_kb, got[0])
+            if self._window_open:
+                self._sample_loops()
+
+    def _sample_loops(self) -> None:
+        for name, u in self.usage.items():
+            loop = self.loops.get(name)
+            if loop is not None and loop.pid != u.pid:
+                continue  # restarted inside the window: the first process's share stands
+            ticks = self._main_ticks(u.pid)
+            if ticks is None:
+                continue  # gone (killed): its share runs to its last sample
+            now = self._clock()
+            if loop is None:
+                self.loops[name] = Loop(pid=u.pid, first_ticks=ticks, first_t=now,
+                                        last_ticks=ticks, last_t=now)
+            else:
+                loop.last_ticks, loop.last_t = ticks, now
 
     def mark(self) -> None:
-        """Start of the measurement: CPU counts from here."""
+        """Start of the measurement: CPU counts from here, and the load window opens."""
         self.sample()
         with self._lock:
             for u in self.usage.values():
                 u.cpu_base = u.cpu_done + u.cpu_now
+            self.loops.clear()
+            self._window_open = True
+            self._sample_loops()
+
+    def mark_end(self) -> None:
+        """The load window closes (CPU still counts on, through the audit)."""
+        self.sample()
+        with self._lock:
+            self._window_open = False
+
+    def loop_busy(self, names: Iterable[str]) -> dict[str, float]:
+        """Per process name, its main thread's CPU seconds per second of the window."""
+        with self._lock:
+            shares = {n: loop.busy() for n in names if (loop := self.loops.get(n))}
+        return {n: share for n, share in shares.items() if share is not None}
 
     def rss_mb(self, names: Iterable[str], *, peak: bool = True) -> dict[str, float]:
         return {n: round((u.peak_kb if peak else u.last_kb) / 1024, 1)
@@ -453,7 +521,9 @@ class Stack:
         self.host_speed.mark()
 
     def mark_end(self) -> None:
-        """The load is over: the host's speed after this (drain, audit) does not count."""
+        """The load is over: the host's speed after this (drain, audit) does not count, nor
+        the main threads' busy shares."""
+        self.sampler.mark_end()
         self.host_speed.end()
 
     def probe(self, timeout_s: float) -> list[str] | None:

@@ -53,6 +53,9 @@ def bench(*args: str, timeout_s: float) -> dict[str, Any]:
     # The host's speed before and after, for comparing runs across a shared machine's moods.
     assert result["host"]["probe_ms_before"] > 0 and result["host"]["probe_ms_after"] > 0
     assert result["scenario"] == args[0]
+    # Each worker's main thread (its event loop) through the load window: a share of a core.
+    assert set(result["loop_busy"]) <= set(result["cpu_s"]), result["loop_busy"]
+    assert all(0 <= v <= 1.2 for v in result["loop_busy"].values()), result["loop_busy"]
     assert result["lost"] == 0 and result["duplicates"] == 0, result["audit"]
     assert not (REPO / ".kron" / f"bench-{proc.pid}").exists(), "temp dir left behind"
     result["_stderr"] = err
@@ -75,7 +78,7 @@ def test_steady_http_reports_on_time_executions_without_loss(tmp_path: Path) -> 
     assert r["executions"] == r["expected"] == 250, r
     assert r["target_duplicates"] == 0
     assert r["lateness_ms"]["p50"] is not None
-    assert r["rss_mb"]["w1"] > 0 and r["cpu_s"]["w1"] > 0
+    assert r["rss_mb"]["w1"] > 0 and r["cpu_s"]["w1"] > 0 and r["loop_busy"]["w1"] > 0
     # Every CPU's speed over the measured window (bench.hostspeed), a probe each 2 s.
     speed = r["host"]["speed"]
     assert set(speed["cpus"]) == {f"cpu{c}" for c in os.sched_getaffinity(0)}, speed

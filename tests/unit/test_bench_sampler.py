@@ -1,0 +1,71 @@
+"""The bench's sampler: each worker's main-thread busy share through the load window, with
+/proc's ticks and the clock injected."""
+
+from __future__ import annotations
+
+from bench.procfs import CLK_TCK
+from bench.stack import Sampler
+
+# Pids no process has: read_proc finds nothing, so only the injected main threads count.
+W1, W2, W1_AGAIN = 4_194_301, 4_194_302, 4_194_303
+
+
+class Fake:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.ticks: dict[int, int | None] = {W1: 1_000, W2: 5_000, W1_AGAIN: 0}
+
+    def run(self, seconds: float, cores: dict[int, float]) -> None:
+        """Time passes; each live pid's main thread uses `cores` of a core meanwhile."""
+        self.now += seconds
+        for pid, share in cores.items():
+            ticks = self.ticks[pid]
+            assert ticks is not None
+            self.ticks[pid] = ticks + round(share * seconds * CLK_TCK)
+
+
+def sampler(fake: Fake) -> Sampler:
+    s = Sampler(main_ticks=fake.ticks.get, clock=lambda: fake.now)
+    s.track("w1", W1)
+    s.track("w2", W2)
+    return s
+
+
+def test_the_busy_share_is_cpu_seconds_per_second_of_the_window() -> None:
+    fake = Fake()
+    s = sampler(fake)
+    fake.run(5, {W1: 0.2, W2: 0.2})  # before the window: not counted
+    s.mark()
+    fake.run(2, {W1: 0.9, W2: 0.3})
+    s.sample()
+    fake.run(2, {W1: 0.9, W2: 0.5})
+    s.mark_end()
+    fake.run(3, {W1: 0.1, W2: 0.1})  # after the window (the audit): not counted
+    s.sample()
+    assert s.loop_busy(["w1", "w2", "api"]) == {"w1": 0.9, "w2": 0.4}
+
+
+def test_a_killed_worker_counts_to_its_last_sample_and_a_restart_is_left_out() -> None:
+    fake = Fake()
+    s = sampler(fake)
+    s.mark()
+    fake.run(2, {W1: 1.0, W2: 0.6})
+    s.sample()
+    fake.ticks[W2] = None  # killed: /proc has no such thread any more
+    s.track("w1", W1_AGAIN)  # w1 restarted inside the window
+    fake.run(2, {W1_AGAIN: 0.5})
+    s.mark_end()
+    busy = s.loop_busy(["w1", "w2"])
+    assert busy == {"w1": 1.0, "w2": 0.6}
+
+
+def test_a_window_with_one_sample_has_no_share_and_a_new_mark_starts_afresh() -> None:
+    fake = Fake()
+    s = sampler(fake)
+    s.mark()
+    s.mark_end()  # no time passed
+    assert s.loop_busy(["w1", "w2"]) == {}
+    s.mark()
+    fake.run(1, {W1: 0.25, W2: 0.75})
+    s.mark_end()
+    assert s.loop_busy(["w1", "w2"]) == {"w1": 0.25, "w2": 0.75}

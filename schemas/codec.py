@@ -22,7 +22,9 @@ Unvalidated encoding (``encode_trusted``, the engine's state writes) goes throug
 compiled for the schema where it has one (``schemas.writer``): an ExecutionState in ~6 us
 instead of 14. Decoding without schema resolution goes through a reader compiled for the
 writer's schema (``schemas.reader``): a JobSpec in ~6 us instead of 12.5-22; bytes it does
-not read exactly as fastavro would go to fastavro, for its record or its error.
+not read exactly as fastavro would go to fastavro, for its record or its error, except an
+enum or union index out of range, which it refuses where fastavro would read index -1 as
+the last symbol or branch.
 
 Re-measure from the repository root (not a test: timings are machine-dependent):
 
@@ -411,7 +413,9 @@ class ItemFieldReader:
                        record=record), kept
 
     def _read(self, data: bytes) -> tuple[dict[str, Any], list[bytes]]:
-        if self._compiled is not None and type(data) is bytes:
+        if type(data) is not bytes:
+            data = bytes(data)  # as Codec.decode reads it: through the compiled readers
+        if self._compiled is not None:
             try:
                 return self._read_parts(data, *self._compiled)
             except OutOfRange:
@@ -505,7 +509,9 @@ def _read_compiled(data: bytes, plan: _ReadPlan) -> dict[str, Any] | None:
     if plan.compiled is None:
         return None
     try:
-        record = read_all(plan.compiled, data, HEADER_LEN)
+        # Other buffers are read as a bytes copy, so their indexes are checked too.
+        record = read_all(plan.compiled, data if type(data) is bytes else bytes(data),
+                          HEADER_LEN)
     except OutOfRange as exc:
         raise DecodeError(
             "truncated_or_corrupt",

@@ -6,16 +6,18 @@ function generated once per schema reads the same record with a few lines per fi
 bytes and an index, with no file object.
 
 It is a fast path only, for `bytes` written with the schema it was compiled from (no schema
-resolution). Where anything is off (bytes end early, a varint runs over 64 bits, a boolean
-byte other than 0 or 1, bad UTF-8), it raises Unfit and the caller asks fastavro, which
-reads the bytes or names what is wrong with them: the record is fastavro's or the error is,
-never a third answer (a hypothesis test compares the two on records and on random bytes).
-An enum or union index out of range raises OutOfRange, an Unfit that is an error in its
-own right: fastavro reads index -1 Python-style, as the last symbol or branch, where Java
-refuses it, so damaged bytes would decode as a record that was never written. (The codec
-also runs a schema's compiled reader over bytes it resolves to another version, to check
-them.) A schema with a type this does not compile (fixed, logical types, recursion, named
-references in unions it cannot tag as fastavro does) gets no compiled reader at all.
+resolution). Where anything is off (bytes end early, a varint runs over 64 bits, more
+empty items than bytes left, bad UTF-8), it raises Unfit and the caller asks fastavro,
+which reads the bytes or names what is wrong with them: the record is fastavro's or the
+error is, never a third answer (a hypothesis test compares the two on records and on
+random bytes). An enum or union index out of range raises OutOfRange, an Unfit that is an
+error in its own right: fastavro reads index -1 Python-style, as the last symbol or
+branch, where Java refuses it, so damaged bytes would decode as a record that was never
+written. (The codec also runs a schema's compiled reader over bytes it resolves to another
+version, to check them.) Only an index the reader reaches is checked: one after an Unfit
+above is left to fastavro with the rest. A schema with a type this does not compile
+(fixed, logical types, recursion, named references in unions it cannot tag as fastavro
+does) gets no compiled reader at all, and fastavro reads all of its bytes.
 
 `tag` mirrors fastavro's `return_record_name` with `return_record_name_override`, as
 schemas.codec reads: a union with two or more record branches reads as (name, record), a
@@ -125,9 +127,9 @@ class _Compiler(CodeGen):
             self.emit(depth, f"{out} = _{schema}(b, p)[0]")
             self.emit(depth, f"p += {8 if schema == 'double' else 4}")
         elif schema == "boolean":
-            self.emit(depth, "x = b[p]")
-            self.emit(depth, "if x > 1: raise Unfit('a boolean byte other than 0 or 1')")
-            self.emit(depth, f"{out} = x == 1")
+            # Any byte but 0 is true, as fastavro reads it (Java: only 1), so a damaged
+            # boolean is read here, and an index out of range after it is still seen.
+            self.emit(depth, f"{out} = b[p] != 0")
             self.emit(depth, "p += 1")
         else:
             self.emit(depth, f"{out} = None")

@@ -1,20 +1,26 @@
-"""Compiled Avro readers: fastavro's record or fastavro's error, never a third answer."""
+"""Compiled Avro readers: fastavro's record or fastavro's error, never a third answer,
+except that an enum or union index out of range is refused (OutOfRange) where fastavro
+reads index -1 as the last symbol or branch."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Iterator
 from io import BytesIO
 from typing import Any
 
+import fastavro._read_py
 import pytest
 from fastavro import schemaless_reader, schemaless_writer
+from fastavro.io.binary_decoder import BinaryDecoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import codec, names
 from schemas.codec import _has_record_union
 from schemas.errors import DecodeError
-from schemas.reader import Unfit, compile_reader, read_all
+from schemas.reader import OutOfRange, Unfit, compile_reader, read_all
 from schemas.registry import HEADER_LEN, default_registry
 from tests.golden.make_golden import SAMPLES
 from tests.unit.test_codec import CREATE_JOBS, EXECUTION_STATES, JOB_STATES
@@ -23,8 +29,12 @@ REGISTRY = default_registry()
 ENTRIES = [REGISTRY.get(name, version) for (name, version) in sorted(SAMPLES)]
 
 
+def _tag(schema: Any) -> bool:
+    return isinstance(schema, dict) and _has_record_union(schema)
+
+
 def _fastavro(schema: Any, body: bytes) -> Any:
-    tag = _has_record_union(schema)
+    tag = _tag(schema)
     buf = BytesIO(body)
     value = schemaless_reader(buf, schema, None, return_record_name=tag,
                               return_record_name_override=tag)
@@ -57,10 +67,50 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and bool(a == b)
 
 
+class _Negative(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _negative_indexes_refused() -> Iterator[None]:
+    """fastavro's pure-Python decoder, refusing an enum or union index below zero."""
+    enum, index = BinaryDecoder.read_enum, BinaryDecoder.read_index
+
+    def strict(read: Any) -> Any:
+        def read_strictly(self: BinaryDecoder) -> int:
+            i: int = read(self)
+            if i < 0:
+                raise _Negative(i)
+            return i
+        return read_strictly
+
+    BinaryDecoder.read_enum, BinaryDecoder.read_index = strict(enum), strict(index)
+    try:
+        yield
+    finally:
+        BinaryDecoder.read_enum, BinaryDecoder.read_index = enum, index
+
+
+def _strict_fastavro_refuses(schema: Any, body: bytes) -> bool:
+    tag = _tag(schema)
+    with _negative_indexes_refused():
+        try:
+            fastavro._read_py.schemaless_reader(BytesIO(body), schema, None,
+                                                return_record_name=tag,
+                                                return_record_name_override=tag)
+        except Exception:
+            return True
+    return False
+
+
 def _same_or_unfit(schema: Any, body: bytes) -> None:
-    """Where the compiled reader answers, fastavro gives the same record."""
+    """Where the compiled reader answers, fastavro gives the same record; where it refuses
+    an index, fastavro refuses the bytes too once it refuses negative indexes."""
     try:
         got = _compiled(schema, body)
+    except OutOfRange:
+        assert _strict_fastavro_refuses(schema, body)
+        return
     except Unfit:
         return
     assert _same(got, _fastavro(schema, body))
@@ -119,16 +169,37 @@ def test_random_bytes_never_get_a_third_answer(body: bytes) -> None:
     _same_or_unfit(REGISTRY.latest(names.JOB_STATE).schema, body)
 
 
-@pytest.mark.parametrize(("body", "why"), [
-    (b"\x02", "a boolean byte"),        # union branch 1 (boolean), then nothing: ends early
-    (b"\x02\x02", "a boolean byte"),    # boolean byte 2: fastavro reads True
-    (b"\x04", "a union index"),
-])
-def test_what_fastavro_reads_loosely_is_left_to_it(body: bytes, why: str) -> None:
+def test_bytes_that_end_early_are_left_to_fastavro() -> None:
     reader = compile_reader(["null", "boolean"])
     assert reader is not None
-    with pytest.raises(Unfit):
+    with pytest.raises(Unfit) as info:  # union branch 1 (boolean), then nothing
+        read_all(reader, b"\x02", 0)
+    assert not isinstance(info.value, OutOfRange)
+
+
+def test_a_boolean_byte_above_one_reads_true_as_fastavro_reads_it() -> None:
+    reader = compile_reader(["null", "boolean"])
+    assert reader is not None
+    for byte in (1, 2, 0x80, 0xFF):
+        body = bytes([2, byte])
+        assert read_all(reader, body, 0) is True is _fastavro(["null", "boolean"], body)
+    assert read_all(reader, b"\x02\x00", 0) is False
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    (b"\x04", "union index 2 of 2 branches"),
+    (b"\x01", "union index -1, which fastavro reads as the last branch"),
+    (b"\x02\x05\x03", "a damaged boolean, then enum index -2"),
+])
+def test_an_index_out_of_range_is_refused(body: bytes, why: str) -> None:
+    schema = ["null", {"type": "record", "name": "R", "fields": [
+        {"name": "flag", "type": "boolean"},
+        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["a", "b"]}}]}]
+    reader = compile_reader(schema)
+    assert reader is not None
+    with pytest.raises(OutOfRange):
         read_all(reader, body, 0)
+    assert _strict_fastavro_refuses(schema, body), why
 
 
 def test_a_long_over_64_bits_is_left_to_fastavro() -> None:
@@ -172,7 +243,7 @@ def test_a_nan_read_from_damaged_bytes_is_fastavros_nan() -> None:
 
 
 @pytest.mark.parametrize("kind", [bytearray, memoryview])
-def test_other_buffers_are_read_by_fastavro_as_before(kind: type) -> None:
+def test_other_buffers_read_as_bytes_do(kind: type) -> None:
     record = SAMPLES[(names.DEAD_LETTER, 1)][0]
     data = codec.encode(names.DEAD_LETTER, record)
     decoded = codec.decode(kind(data)).record  # type: ignore[arg-type]

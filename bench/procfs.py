@@ -17,3 +17,8 @@ def cpu_ticks(stat: str) -> int:
     fields are counted after its closing parenthesis."""
     fields = stat.rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+def state_of(stat: str) -> str:
+    """The state field (3): R, S, D, ... and Z for a zombie (exited, not yet reaped)."""
+    return stat.rsplit(")", 1)[1].split()[0]

@@ -422,6 +422,8 @@ def find_max(*, start_rate: int, step_s: int, target: str, workers: int, partiti
                 step = run_step(stack, Step(rate=r, duration_s=step_s, prefix=f"s{i}-"),
                                 target=tgt, hits=hits, jitter_s=jitter_s)
                 s = step.summary(due)
+                # The step's own window: the next step's mark() starts the shares afresh.
+                s["loop_busy"] = stack.sampler.loop_busy(stack.worker_names())
                 p99 = s["lateness_ms"]["p99"]
                 s["sustained"] = ok = bool(step.drained and p99 is not None and p99 <= limit_ms)
                 log(f"rate {r}/s: p99 {p99} ms -> {'ok' if ok else 'not sustained'}")
@@ -447,6 +449,7 @@ def find_max(*, start_rate: int, step_s: int, target: str, workers: int, partiti
                         duration_s=b["duration_s"], lateness=best.seen.lateness(due),
                         history=history, seen=best.seen)
         result.update({"find_max": True, "target": target, "limit_p99_ms": limit_ms,
+                       "loop_busy": summaries[steps.index(best)]["loop_busy"],
                        "max_sustainable_rate": good, "first_unsustained_rate": bad,
                        "rate": best.rate, "window_s": best.duration_s,
                        "executions_per_s": b["achieved_per_s"],

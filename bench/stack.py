@@ -28,7 +28,7 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from bench.hostspeed import HostSpeed
 from bench.jobs import CommandSink, http_target, job_spec
-from bench.procfs import CLK_TCK, cpu_ticks
+from bench.procfs import CLK_TCK, cpu_ticks, state_of
 from bench.receiver import HttpReceiver
 from bench.report import log
 from bench.results import speed_probe_ms
@@ -88,11 +88,13 @@ class Loop:
 
 
 def main_thread_ticks(pid: int) -> int | None:
-    """utime+stime ticks of a process's main thread (the task whose id is the pid)."""
+    """utime+stime ticks of a process's main thread (the task whose id is the pid); None
+    once it has exited, reaped or not (a zombie's stat stays readable, its ticks frozen)."""
     try:
-        return cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text())
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
     except OSError:
         return None
+    return None if state_of(stat) in ("Z", "X") else cpu_ticks(stat)
 
 
 def read_proc(pid: int) -> tuple[int, int] | None:
@@ -150,11 +152,14 @@ class Sampler:
                     u.last_kb, u.cpu_now = got
                     u.peak_kb = max(u.peak_kb, got[0])
             if self._window_open:
-                self._sample_loops()
+                self._sample_loops(start=False)
 
-    def _sample_loops(self) -> None:
+    def _sample_loops(self, *, start: bool) -> None:
+        """`start`: the window opens, and the processes alive now are the ones it follows."""
         for name, u in self.usage.items():
             loop = self.loops.get(name)
+            if loop is None and not start:
+                continue  # started inside the window, or not alive when it opened
             if loop is not None and loop.pid != u.pid:
                 continue  # restarted inside the window: the first process's share stands
             ticks = self._main_ticks(u.pid)
@@ -175,7 +180,7 @@ class Sampler:
                 u.cpu_base = u.cpu_done + u.cpu_now
             self.loops.clear()
             self._window_open = True
-            self._sample_loops()
+            self._sample_loops(start=True)
 
     def mark_end(self) -> None:
         """The load window closes (CPU still counts on, through the audit)."""

@@ -3,17 +3,23 @@
 
 from __future__ import annotations
 
-from bench.procfs import CLK_TCK
-from bench.stack import Sampler
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.procfs import CLK_TCK, state_of
+from bench.stack import Sampler, main_thread_ticks
 
 # Pids no process has: read_proc finds nothing, so only the injected main threads count.
-W1, W2, W1_AGAIN = 4_194_301, 4_194_302, 4_194_303
+W1, W2, W1_AGAIN, W3 = 4_194_301, 4_194_302, 4_194_303, 4_194_304
 
 
 class Fake:
     def __init__(self) -> None:
         self.now = 100.0
-        self.ticks: dict[int, int | None] = {W1: 1_000, W2: 5_000, W1_AGAIN: 0}
+        self.ticks: dict[int, int | None] = {W1: 1_000, W2: 5_000, W1_AGAIN: 0, W3: 0}
 
     def run(self, seconds: float, cores: dict[int, float]) -> None:
         """Time passes; each live pid's main thread uses `cores` of a core meanwhile."""
@@ -53,9 +59,10 @@ def test_a_killed_worker_counts_to_its_last_sample_and_a_restart_is_left_out() -
     s.sample()
     fake.ticks[W2] = None  # killed: /proc has no such thread any more
     s.track("w1", W1_AGAIN)  # w1 restarted inside the window
-    fake.run(2, {W1_AGAIN: 0.5})
+    s.track("w3", W3)  # a worker started inside the window
+    fake.run(2, {W1_AGAIN: 0.5, W3: 1.0})
     s.mark_end()
-    busy = s.loop_busy(["w1", "w2"])
+    busy = s.loop_busy(["w1", "w2", "w3"])
     assert busy == {"w1": 1.0, "w2": 0.6}
 
 
@@ -69,3 +76,24 @@ def test_a_window_with_one_sample_has_no_share_and_a_new_mark_starts_afresh() ->
     fake.run(1, {W1: 0.25, W2: 0.75})
     s.mark_end()
     assert s.loop_busy(["w1", "w2"]) == {"w1": 0.25, "w2": 0.75}
+
+
+def test_an_exited_process_that_is_not_reaped_yet_has_no_main_thread_ticks() -> None:
+    """A zombie's stat stays readable with its ticks frozen: counted on, it would dilute
+    its share over the rest of the window."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        assert wait_for_state(child.pid, "Z"), "the child never became a zombie"
+        assert main_thread_ticks(child.pid) is None
+    finally:
+        child.wait()
+    assert main_thread_ticks(child.pid) is None  # reaped: no /proc entry
+    assert main_thread_ticks(os.getpid()) is not None
+
+
+def wait_for_state(pid: int, state: str) -> bool:
+    for _ in range(200):  # bounded: 10 s
+        if state_of(Path(f"/proc/{pid}/stat").read_text()) == state:
+            return True
+        time.sleep(0.05)
+    return False

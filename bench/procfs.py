@@ -12,13 +12,18 @@ def name_of(stat: str) -> str:
     return stat[stat.index("(") + 1:stat.rindex(")")]
 
 
+def _after_name(stat: str) -> list[str]:
+    """Fields 3 onwards. comm may hold spaces and parentheses, so they are counted after
+    its closing parenthesis."""
+    return stat.rsplit(")", 1)[1].split()
+
+
 def cpu_ticks(stat: str) -> int:
-    """utime + stime (fields 14 and 15). comm may hold spaces and parentheses, so the
-    fields are counted after its closing parenthesis."""
-    fields = stat.rsplit(")", 1)[1].split()
+    """utime + stime (fields 14 and 15)."""
+    fields = _after_name(stat)
     return int(fields[11]) + int(fields[12])
 
 
 def state_of(stat: str) -> str:
     """The state field (3): R, S, D, ... and Z for a zombie (exited, not yet reaped)."""
-    return stat.rsplit(")", 1)[1].split()[0]
+    return _after_name(stat)[0]

@@ -24,6 +24,12 @@ def cpu_ticks(stat: str) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def reaped_children_ticks(stat: str) -> int:
+    """cutime + cstime (fields 16 and 17): the CPU of children the process has waited for."""
+    fields = _after_name(stat)
+    return int(fields[13]) + int(fields[14])
+
+
 def state_of(stat: str) -> str:
     """The state field (3): R, S, D, ... and Z for a zombie (exited, not yet reaped)."""
     return _after_name(stat)[0]

@@ -28,7 +28,7 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from bench.hostspeed import HostSpeed
 from bench.jobs import CommandSink, http_target, job_spec
-from bench.procfs import CLK_TCK, cpu_ticks, state_of
+from bench.procfs import CLK_TCK, cpu_ticks, reaped_children_ticks, state_of
 from bench.receiver import HttpReceiver
 from bench.report import log
 from bench.results import speed_probe_ms
@@ -52,7 +52,8 @@ SAMPLE_S = 0.5
 
 @dataclass(slots=True)
 class Usage:
-    """One process name's RSS peak and CPU; a restarted process keeps adding to its name."""
+    """One process name's RSS peak and CPU, its child processes included; a restarted
+    process keeps adding to its name."""
 
     pid: int
     peak_kb: int = 0
@@ -98,15 +99,37 @@ def main_thread_ticks(pid: int) -> int | None:
 
 
 def read_proc(pid: int) -> tuple[int, int] | None:
-    """(VmRSS kB, utime+stime ticks) of a live process, from /proc."""
+    """(VmRSS kB, CPU ticks) of a live process and its child processes (a worker's
+    changelog writer is part of the worker), from /proc. The CPU is the process's, its
+    children's that it waited for, and its unwaited children's (live or zombie)."""
+    got = _rss_and_ticks(pid)
+    if got is None:
+        return None
+    rss, ticks, stat = got
+    ticks += reaped_children_ticks(stat)
+    for child in children_of(pid):
+        if (more := _rss_and_ticks(child)) is not None:
+            rss, ticks = rss + more[0], ticks + more[1]
+    return rss, ticks
+
+
+def _rss_and_ticks(pid: int) -> tuple[int, int, str] | None:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     rss = next((int(line.split()[1]) for line in status.splitlines()
-                if line.startswith("VmRSS:")), 0)
-    return rss, cpu_ticks(stat)
+                if line.startswith("VmRSS:")), 0)  # a zombie has none
+    return rss, cpu_ticks(stat), stat
+
+
+def children_of(pid: int) -> list[int]:
+    """The child processes of a process's main thread (the ones it started)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 class Sampler:

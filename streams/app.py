@@ -25,7 +25,7 @@ from schemas import codec, names
 from schemas.errors import DecodeError
 from streams import localstate
 from streams.barrier import DurabilityBarrier
-from streams.changelog import ChangelogProducer
+from streams.changelog import changelog_producer
 from streams.collector import IdleCollector
 from streams.commits import CommitGuard
 from streams.domain.errors import PermanentError
@@ -116,9 +116,10 @@ class Engine:
         self.dead_letters = topic("dead-letters")
         opts = {"block_cache_size": 16 << 20, "write_buffer_size": 16 << 20}
 
-        self.changelog = ChangelogProducer(
+        self.changelog = changelog_producer(
             confluent_config(settings, {"client.id": f"kron-{settings.worker_id}-changelog"}),
-            on_offsets=self._persist_offsets, on_fatal=self._restart)
+            writer=settings.changelog_writer, on_offsets=self._persist_offsets,
+            on_fatal=self._restart)
 
         gap_config = confluent_config(settings, {
             "group.id": f"{settings.app_id}-gaps",

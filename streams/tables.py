@@ -18,7 +18,7 @@ import faust
 import rocksdict
 from faust.types import TP
 
-from streams.changelog import ChangelogProducer
+from streams.changelog import Changelog
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
 
 # (topic, partition, first offset, end offset) -> the records in that range, in order.
@@ -96,7 +96,7 @@ class FencedTable(faust.Table[Any, Any]):
     """A table whose changelog is judged by owner epoch on every replay."""
 
     def __init__(self, *args: Any, epoch: Callable[[], int],
-                 changelog: ChangelogProducer | None = None,
+                 changelog: Changelog | None = None,
                  gap_reader: GapReader | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch = epoch

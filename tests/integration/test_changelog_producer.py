@@ -12,24 +12,36 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from kron.topics import admin_client
 from streams import changelog
-from streams.changelog import ChangelogProducer
+from streams.changelog import (
+    Changelog,
+    ChildChangelogProducer,
+    WriterKind,
+    changelog_producer,
+)
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 4
 
 
+@pytest.fixture(params=["inline", "process"])
+def writer(request: pytest.FixtureRequest) -> WriterKind:
+    kind: WriterKind = request.param
+    return kind
+
+
 def _producer(settings: Settings, offsets: dict[tuple[str, int], int],
-              fatal: list[str]) -> ChangelogProducer:
-    return ChangelogProducer(confluent_config(settings, {"client.id": "test-changelog"}),
-                             on_offsets=offsets.update, on_fatal=fatal.append)
+              fatal: list[str], writer: WriterKind) -> Changelog:
+    return changelog_producer(confluent_config(settings, {"client.id": "test-changelog"}),
+                              writer=writer, on_offsets=offsets.update,
+                              on_fatal=fatal.append)
 
 
 def _high_watermarks(settings: Settings, topic: str) -> list[int]:
@@ -48,13 +60,14 @@ def _topic(settings: Settings) -> str:
     return name
 
 
-def test_flush_returns_once_every_earlier_write_is_in_kafka(kafka_settings: Settings) -> None:
+def test_flush_returns_once_every_earlier_write_is_in_kafka(kafka_settings: Settings,
+                                                              writer: WriterKind) -> None:
     topic = _topic(kafka_settings)
     offsets: dict[tuple[str, int], int] = {}
     fatal: list[str] = []
 
     async def run() -> tuple[list[int], int]:
-        producer = _producer(kafka_settings, offsets, fatal)
+        producer = _producer(kafka_settings, offsets, fatal, writer)
         for i in range(2_000):
             producer.produce(topic, i % PARTITIONS, b"k%d" % i, b"v%d" % i, None)
         await asyncio.wait_for(producer.flush(), 30)
@@ -72,14 +85,14 @@ def test_flush_returns_once_every_earlier_write_is_in_kafka(kafka_settings: Sett
     assert fatal == []
 
 
-def test_a_busy_loop_still_gets_its_acks(kafka_settings: Settings) -> None:
+def test_a_busy_loop_still_gets_its_acks(kafka_settings: Settings, writer: WriterKind) -> None:
     """A loop that computes in 20 ms slices, yielding between them as the agent does
     between tick chunks, sees its flush resolve long before the 3 s of slices end (5
     slices here; serving acks only when the loop idles would take all 150)."""
     topic = _topic(kafka_settings)
 
     async def run() -> tuple[int | None, int]:
-        producer = _producer(kafka_settings, {}, [])
+        producer = _producer(kafka_settings, {}, [], writer)
         producer.produce(topic, 0, b"warm-up", b"v", None)  # connected, producer id known
         await asyncio.wait_for(producer.flush(), 30)
         for i in range(2_000):
@@ -102,12 +115,12 @@ def test_a_busy_loop_still_gets_its_acks(kafka_settings: Settings) -> None:
     assert resolved_at is not None and resolved_at < slices // 3, resolved_at
 
 
-def test_close_waits_for_what_is_in_flight(kafka_settings: Settings) -> None:
+def test_close_waits_for_what_is_in_flight(kafka_settings: Settings, writer: WriterKind) -> None:
     topic = _topic(kafka_settings)
     offsets: dict[tuple[str, int], int] = {}
 
     async def run() -> Any:
-        producer = _producer(kafka_settings, offsets, [])
+        producer = _producer(kafka_settings, offsets, [], writer)
         for i in range(500):
             producer.produce(topic, 0, b"k%d" % i, None if i % 7 == 0 else b"v", None)
         await producer.close()
@@ -118,14 +131,14 @@ def test_close_waits_for_what_is_in_flight(kafka_settings: Settings) -> None:
 
 
 def test_a_write_after_an_idle_spell_is_acked_without_waiting_out_the_idle_poll(
-        kafka_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+        kafka_settings: Settings, monkeypatch: pytest.MonkeyPatch, writer: WriterKind) -> None:
     """With nothing in flight the acks are served rarely; the next write must wake that
     service, or a spread-out load waits up to the idle period for every ack."""
     monkeypatch.setattr(changelog, "POLL_IDLE_S", 10.0)
     topic = _topic(kafka_settings)
 
     async def run() -> None:
-        producer = _producer(kafka_settings, {}, [])
+        producer = _producer(kafka_settings, {}, [], writer)
         producer.produce(topic, 0, b"warm-up", b"v", None)
         await asyncio.wait_for(producer.flush(), 30)
         await asyncio.sleep(0.2)  # the last ack is served: the service waits idle
@@ -134,3 +147,55 @@ def test_a_write_after_an_idle_spell_is_acked_without_waiting_out_the_idle_poll(
         await producer.close()
 
     asyncio.run(run())
+
+
+def test_a_record_over_the_size_limit_is_refused_at_the_write(kafka_settings: Settings,
+                                                             writer: WriterKind) -> None:
+    """The engine dead-letters a command whose state write librdkafka refuses at produce()
+    (nothing was written locally yet); the writer process must refuse it there too, not
+    later as a failure that restarts the worker."""
+    topic = _topic(kafka_settings)
+    fatal: list[str] = []
+
+    async def run() -> None:
+        producer = _producer(kafka_settings, {}, fatal, writer)
+        with pytest.raises(KafkaException) as refused:
+            producer.produce(topic, 0, b"big", b"x" * 1_100_000, [("kron-epoch", b"1")])
+        assert refused.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+        producer.produce(topic, 0, b"small", b"v", None)
+        await asyncio.wait_for(producer.flush(), 30)
+        await producer.close()
+        assert producer.writes == 1
+
+    asyncio.run(run())
+    assert fatal == [] and _high_watermarks(kafka_settings, topic)[0] == 1
+
+
+def test_the_writer_process_ending_is_fatal_and_fails_what_waits(
+        kafka_settings: Settings) -> None:
+    """Writes handed to a writer process that died may never reach Kafka: the barrier's
+    waiters and the Kafka targets' publishes fail, and the worker is told to restart."""
+    topic = _topic(kafka_settings)
+    fatal: list[str] = []
+
+    async def run() -> tuple[BaseException | None, BaseException | None]:
+        producer = _producer(kafka_settings, {}, fatal, "process")
+        assert isinstance(producer, ChildChangelogProducer)
+        producer.produce(topic, 0, b"before", b"v", None)
+        await asyncio.wait_for(producer.flush(), 30)
+        child = producer._child
+        assert child is not None
+        child.kill()
+        child.wait(10)
+        producer.produce(topic, 0, b"after", b"v", None)
+        published = producer.publish(topic, b"target", b"payload", [])
+        waited = await asyncio.wait_for(
+            asyncio.gather(producer.flush(), published, return_exceptions=True), 30)
+        return waited[0], waited[1]
+
+    flushed, published = asyncio.run(run())
+    # Whichever the worker notices first: the pipe broken at the next frame, or its end.
+    assert isinstance(flushed, RuntimeError) and "writer process" in str(flushed)
+    assert isinstance(published, RuntimeError)
+    assert fatal and "writer process" in fatal[0]
+    assert _high_watermarks(kafka_settings, topic)[0] == 1

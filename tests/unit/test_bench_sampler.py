@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from bench.procfs import CLK_TCK, state_of
-from bench.stack import Sampler, main_thread_ticks
+from bench.stack import Sampler, children_of, main_thread_ticks, read_proc
 
 # Pids no process has: read_proc finds nothing, so only the injected main threads count.
 W1, W2, W1_AGAIN, W3 = 4_194_301, 4_194_302, 4_194_303, 4_194_304
@@ -97,3 +97,41 @@ def wait_for_state(pid: int, state: str) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_process_s_figures_include_its_child_processes() -> None:
+    """A worker's changelog writer is a child process of the worker: its CPU and memory
+    are the worker's. A child that burns CPU shows in the parent's figures while it lives
+    (unwaited) and after it is waited for (the parent's cutime)."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c',"
+        " 'import time\\nend = time.process_time() + 0.6\\n"
+        "while time.process_time() < end: pass\\ntime.sleep(30)'])\n"
+        "sys.stdin.readline()\n"
+        "child.kill(); child.wait()\n"
+        "sys.stdin.readline()\n")], stdin=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            children = children_of(parent.pid)
+            got = read_proc(parent.pid)
+            assert got is not None
+            own = main_thread_ticks(parent.pid)
+            assert own is not None
+            if children and got[1] - own >= 0.5 * CLK_TCK:
+                break
+            assert time.monotonic() < deadline, (children, got, own)
+            time.sleep(0.1)
+        assert got[0] > 2 * 1024  # both interpreters' memory, in kB
+        assert parent.stdin is not None
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        while children_of(parent.pid):  # killed and waited for: in cutime now
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        after = read_proc(parent.pid)
+        assert after is not None and after[1] - own >= 0.5 * CLK_TCK
+    finally:
+        parent.kill()
+        parent.wait()

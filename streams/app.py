@@ -6,6 +6,7 @@ Built by `build_engine(settings)` at process start; nothing is built at import t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -419,6 +420,8 @@ class Engine:
         """Replace this process with a fresh worker: nothing buffered by the old owner
         (records, queued attempts) survives, and the new member restores from Kafka."""
         log.error("%s; restarting the worker", why, extra={"worker": self.settings.worker_id})
+        with contextlib.suppress(Exception):  # the restart must happen whatever this finds
+            self.changelog.abandon()
         logging.shutdown()
         os.execv(sys.executable, sys.orig_argv)
 

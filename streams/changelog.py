@@ -187,6 +187,9 @@ class Changelog:
         """Wait for every write, hand on the final offsets, stop serving acks."""
         raise NotImplementedError
 
+    def abandon(self) -> None:
+        """The process is about to be replaced (a restart): drop what is unsent."""
+
 
 class ChangelogProducer(Changelog):
     """librdkafka on the event loop's thread: produce() and the delivery reports."""
@@ -468,7 +471,12 @@ class ChildChangelogProducer(Changelog):
             self._settle()
             self._stop_child(child)
 
-    def _stop_child(self, child: subprocess.Popen[bytes]) -> None:
+    def abandon(self) -> None:
+        # Reaped here: the process image that replaces this one would never wait for it.
+        if self._child is not None:
+            self._stop_child(self._child, grace_s=1.0)
+
+    def _stop_child(self, child: subprocess.Popen[bytes], *, grace_s: float = 5.0) -> None:
         assert self._loop is not None and child.stdin is not None and child.stdout is not None
         self._stopped, self._child = True, None
         self._loop.remove_writer(child.stdin.fileno())
@@ -476,7 +484,7 @@ class ChildChangelogProducer(Changelog):
         with contextlib.suppress(OSError):  # a child already gone leaves a broken pipe
             child.stdin.close()
         try:
-            child.wait(5)
+            child.wait(grace_s)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()

@@ -21,13 +21,14 @@ last offset), published lists (token, error or None).
 
 The process ends when its input ends: at once (nothing flushed, as when a worker process
 dies with librdkafka's queue) unless a close frame came first, which flushes every write
-and sends a last report with `closed` set.
+and sends a last report with `closed` set. It ignores SIGINT: the worker stops it.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import struct
 import sys
 import threading
@@ -158,6 +159,9 @@ class Writer:
 
 
 def main() -> None:
+    # Ctrl-C reaches the whole process group; the worker's graceful stop then closes this
+    # process after flushing, which it could not do had the signal ended it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The frames go to the worker on what was stdout; anything printed goes to stderr.
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)

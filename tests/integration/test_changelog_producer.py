@@ -8,7 +8,9 @@ it yields, and never only when it is idle.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,3 +201,30 @@ def test_the_writer_process_ending_is_fatal_and_fails_what_waits(
     assert isinstance(published, RuntimeError)
     assert fatal and "writer process" in fatal[0]
     assert _high_watermarks(kafka_settings, topic)[0] == 1
+
+
+def test_the_writer_process_outlives_ctrl_c_and_a_restart_reaps_it(
+        kafka_settings: Settings) -> None:
+    """Ctrl-C reaches the worker's whole process group: the writer must still be there for
+    the graceful stop's flush. A restart (exec) abandons it, and it is gone, not a zombie
+    left to the process image that follows."""
+    topic = _topic(kafka_settings)
+
+    async def run() -> tuple[int | None, int]:
+        producer = _producer(kafka_settings, {}, [], "process")
+        assert isinstance(producer, ChildChangelogProducer)
+        producer.produce(topic, 0, b"before", b"v", None)
+        await asyncio.wait_for(producer.flush(), 30)
+        child = producer._child
+        assert child is not None
+        child.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.5)
+        producer.produce(topic, 0, b"after", b"v", None)
+        await asyncio.wait_for(producer.flush(), 30)
+        producer.abandon()
+        return child.returncode, child.pid
+
+    returncode, pid = asyncio.run(run())
+    assert returncode == 0  # ended at its input's end, and waited for
+    assert not Path(f"/proc/{pid}").exists() or "Z" not in Path(f"/proc/{pid}/stat").read_text()
+    assert _high_watermarks(kafka_settings, topic)[0] == 2

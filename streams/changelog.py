@@ -295,8 +295,8 @@ def _resolve(fut: asyncio.Future[None], error: str | None) -> None:
 class ChildChangelogProducer(Changelog):
     """librdkafka in a child process (streams.changelog_child); this side keeps the books.
 
-    A loop turn's writes leave as one frame at the end of the turn; reports are read when
-    the loop finds them readable (at every turn of a busy loop too, as the inline pump
+    Writes leave in frames of FRAME_WRITES, the rest at the end of the loop's turn; reports
+    are read when the loop finds them readable (at every turn of a busy loop too, as the inline pump
     serves acks). The child's end, however it comes, is fatal, as a failed write is.
     """
 
@@ -418,14 +418,18 @@ class ChildChangelogProducer(Changelog):
         fd = child.stdout.fileno()
         if not self._readable.poll(0):  # what flush() mostly finds: cheaper than a raise
             return
+        ended = False
         try:
             while chunk := os.read(fd, 1 << 20):
                 self._in += chunk
-            self._ended()
+            ended = True
         except BlockingIOError:
             pass
+        # Its last reports first: a child that reported `closed` and exited is no failure.
         for report in split_frames(self._in):
             self._apply(*report)
+        if ended:
+            self._ended()
         self._settle()
 
     def _apply(self, acked: dict[TP, tuple[int, int]], published: list[tuple[int, str | None]],
@@ -459,6 +463,8 @@ class ChildChangelogProducer(Changelog):
         if child is None:
             return
         self._closed = asyncio.get_running_loop().create_future()
+        if self._eof:  # already gone (and already a failure): nothing to wait for
+            self._closed.set_result(None)
         self._send(close=True)
         try:
             await asyncio.wait_for(asyncio.shield(self._closed), timeout_s)

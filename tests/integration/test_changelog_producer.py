@@ -228,3 +228,27 @@ def test_the_writer_process_outlives_ctrl_c_and_a_restart_reaps_it(
     assert returncode == 0  # ended at its input's end, and waited for
     assert not Path(f"/proc/{pid}").exists() or "Z" not in Path(f"/proc/{pid}/stat").read_text()
     assert _high_watermarks(kafka_settings, topic)[0] == 2
+
+
+def test_closing_after_the_writer_process_died_fails_at_once(kafka_settings: Settings) -> None:
+    topic = _topic(kafka_settings)
+    fatal: list[str] = []
+
+    async def run() -> float:
+        producer = _producer(kafka_settings, {}, fatal, "process")
+        assert isinstance(producer, ChildChangelogProducer)
+        producer.produce(topic, 0, b"before", b"v", None)
+        await asyncio.wait_for(producer.flush(), 30)
+        child = producer._child
+        assert child is not None
+        child.kill()
+        child.wait(10)
+        await asyncio.sleep(0.2)  # the loop reads the end of its output
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="writer process"):
+            await producer.close(timeout_s=20)
+        return time.monotonic() - started
+
+    took = asyncio.run(run())
+    assert took < 10, took  # not the close's whole timeout
+    assert fatal

@@ -173,6 +173,20 @@ def test_a_record_over_the_size_limit_is_refused_at_the_write(kafka_settings: Se
     assert fatal == [] and _high_watermarks(kafka_settings, topic)[0] == 1
 
 
+async def _with_its_writer_killed(settings: Settings, topic: str,
+                                  fatal: list[str]) -> ChildChangelogProducer:
+    """A process writer that wrote one record, then had its child killed."""
+    producer = _producer(settings, {}, fatal, "process")
+    assert isinstance(producer, ChildChangelogProducer)
+    producer.produce(topic, 0, b"before", b"v", None)
+    await asyncio.wait_for(producer.flush(), 30)
+    child = producer._child
+    assert child is not None
+    child.kill()
+    child.wait(10)
+    return producer
+
+
 def test_the_writer_process_ending_is_fatal_and_fails_what_waits(
         kafka_settings: Settings) -> None:
     """Writes handed to a writer process that died may never reach Kafka: the barrier's
@@ -181,14 +195,7 @@ def test_the_writer_process_ending_is_fatal_and_fails_what_waits(
     fatal: list[str] = []
 
     async def run() -> tuple[BaseException | None, BaseException | None]:
-        producer = _producer(kafka_settings, {}, fatal, "process")
-        assert isinstance(producer, ChildChangelogProducer)
-        producer.produce(topic, 0, b"before", b"v", None)
-        await asyncio.wait_for(producer.flush(), 30)
-        child = producer._child
-        assert child is not None
-        child.kill()
-        child.wait(10)
+        producer = await _with_its_writer_killed(kafka_settings, topic, fatal)
         producer.produce(topic, 0, b"after", b"v", None)
         published = producer.publish(topic, b"target", b"payload", [])
         waited = await asyncio.wait_for(
@@ -235,14 +242,7 @@ def test_closing_after_the_writer_process_died_fails_at_once(kafka_settings: Set
     fatal: list[str] = []
 
     async def run() -> float:
-        producer = _producer(kafka_settings, {}, fatal, "process")
-        assert isinstance(producer, ChildChangelogProducer)
-        producer.produce(topic, 0, b"before", b"v", None)
-        await asyncio.wait_for(producer.flush(), 30)
-        child = producer._child
-        assert child is not None
-        child.kill()
-        child.wait(10)
+        producer = await _with_its_writer_killed(kafka_settings, topic, fatal)
         await asyncio.sleep(0.2)  # the loop reads the end of its output
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="writer process"):

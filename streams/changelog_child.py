@@ -111,7 +111,9 @@ class Writer:
             if not (self._acked or self._published or self._failure or closed):
                 return
             acked = {tp: (n, offset) for tp, (n, offset) in self._acked.items()}
-            self._out.write(frame((acked, self._published, self._failure, closed)))
+            body = memoryview(frame((acked, self._published, self._failure, closed)))
+            while body:  # an unbuffered write may take part of it
+                body = body[self._out.write(body) or 0:]
             self._acked, self._published, self._failure = {}, [], None
 
     def serve(self) -> None:

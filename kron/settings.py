@@ -55,10 +55,12 @@ class Settings(BaseSettings):
     # second takes a tick's deciding off the due time without making pauses and deletes
     # much earlier than they look (see README, Fire-ahead).
     fire_ahead_s: float = Field(default=0.5, ge=0, le=10)
-    # Where state writes are produced and their acks served (streams.changelog): in a
-    # child process of the worker (`process`), which takes that work off the event loop
-    # that bounds a worker, or on the loop itself (`inline`).
-    changelog_writer: Literal["inline", "process"] = "process"
+    # Where state writes are produced and their acks served (streams.changelog): on the
+    # worker's event loop (`inline`), or in a child process of the worker (`process`),
+    # which takes that work off the loop that bounds a worker. Not yet the default: the
+    # two full test runs with it each had one timing-sensitive fault test fail (README,
+    # twenty-fourth pass).
+    changelog_writer: Literal["inline", "process"] = "inline"
     # Local state (RocksDB tables, projections) lives here; two workers need two dirs.
     data_dir: Path = Path(".kron/data")
     # API

@@ -21,9 +21,9 @@ own send callback would have set them.
 
 Where the produce and its delivery report run is the writer's choice (KRON_CHANGELOG_WRITER):
 `inline` on this thread, as above, or `process` in a child process of the worker
-(streams.changelog_child), which leaves this thread a pickled frame per loop turn and one
-report per batch of acks. The accounting (what the barrier waits for, the offsets handed
-on, a failed write being fatal) is the same for both.
+(streams.changelog_child), which leaves this thread a pickled frame per FRAME_WRITES
+writes (or loop turn) and one report per batch of acks. The accounting (what the barrier
+waits for, the offsets handed on, a failed write being fatal) is the same for both.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ CHILD_BACKLOG_BYTES = 256 << 20
 # writes handed over whole added ~10 ms to 500/s's median lateness (31.7 ms against 20.6
 # inline on 2026-12-03).
 FRAME_WRITES = 64
-# F_SETPIPE_SZ: a loop turn's writes (thousands of records in a spike) in one pipe.
+# F_SETPIPE_SZ: room for many frames while the child is busy producing a spike's writes.
 _PIPE_BYTES = 1 << 20
 
 
@@ -432,7 +432,7 @@ class ChildChangelogProducer(Changelog):
             self._ended()
         self._settle()
 
-    def _apply(self, acked: dict[TP, tuple[int, int]], published: list[tuple[int, str | None]],
+    def _apply(self, acked: dict[TP, list[int]], published: list[tuple[int, str | None]],
                failure: str | None, closed: bool) -> None:
         for tp, (count, offset) in acked.items():
             self._ack(tp, count, offset)

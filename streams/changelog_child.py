@@ -5,8 +5,8 @@ One worker's event-loop thread bounds its throughput (README, Where the time goe
 the machine's other core is not full: in `kron bench steady --target kafka --rate 3000` on
 2026-12-03 the worker used 1.05 cores, the broker 0.2-0.5 and the bench 0.05. Each state
 write cost that thread a produce() (3.1-4.4 us) and a delivery report (1-2.5 us), five
-writes and a Kafka target's message per execution. Here the worker hands each loop turn's
-writes over in one pickled frame (0.2-0.3 us a record) and reads back one report per batch
+writes and a Kafka target's message per execution. Here the worker hands its writes over
+in pickled frames of up to 64 (0.2-0.3 us a record) and reads back one report per batch
 of delivery reports: per partition, how many writes were acknowledged and the last offset,
 which is all its dispatch barrier and Faust's persisted offsets need (the producer is
 idempotent, so acks arrive in order within a partition).
@@ -16,8 +16,8 @@ idempotent, so acks arrive in order within a partition).
 Frames both ways are a 4-byte big-endian length and a pickle. The first frame in is the
 producer's config; then (writes, publishes, close) frames: writes are (topic, partition,
 key, value, headers), publishes (token, topic, key, value, headers). Out go
-(acked, published, failure, closed) reports: acked maps (topic, partition) to (count,
-last offset), published lists (token, error or None).
+(acked, published, failure, closed) reports: acked maps (topic, partition) to [count,
+last offset], published lists (token, error or None).
 
 The process ends when its input ends: at once (nothing flushed, as when a worker process
 dies with librdkafka's queue) unless a close frame came first, which flushes every write
@@ -110,8 +110,7 @@ class Writer:
         with self._lock:
             if not (self._acked or self._published or self._failure or closed):
                 return
-            acked = {tp: (n, offset) for tp, (n, offset) in self._acked.items()}
-            body = memoryview(frame((acked, self._published, self._failure, closed)))
+            body = memoryview(frame((self._acked, self._published, self._failure, closed)))
             while body:  # an unbuffered write may take part of it
                 body = body[self._out.write(body) or 0:]
             self._acked, self._published, self._failure = {}, [], None

@@ -224,8 +224,11 @@ class TableStore:
         return self._read(self._jobs, self._job_cache, job_id.encode())
 
     def put_job(self, job: Record, *, cache: bool = True) -> None:
+        encoder = job_encoder()
         self._write(self._jobs, self._job_cache if cache else None, job["job_id"].encode(),
-                    job_encoder().encode(job), job)
+                    encoder.encode(job), job)
+        if not cache:  # no cached copy of this object will be written again
+            encoder.forget(job["spec"])
 
     def execution(self, exec_id: str) -> Record | None:
         return self._read(self._executions, self._execution_cache, exec_id.encode())

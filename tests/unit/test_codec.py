@@ -403,6 +403,21 @@ def test_spliced_encoding_reuses_the_field_by_identity_only() -> None:
     assert splice.encode(record) == encode(names.JOB_STATE, record)
 
 
+def test_forget_lets_go_of_that_object_only() -> None:
+    record = decode(encode(names.JOB_STATE, _sample(names.JOB_STATE))).record
+    splice = SplicedEncoder(names.JOB_STATE, "spec")
+    splice.encode(record)  # keeps the spec's bytes
+    splice.forget(copy.deepcopy(record["spec"]))  # equal, but not the object kept
+    splice.forget({"never": "kept"})
+    with mock.patch("schemas.codec.schemaless_writer", side_effect=AssertionError("encoded")):
+        assert splice.encode(record) == encode(names.JOB_STATE, record)
+    splice.forget(record["spec"])
+    with mock.patch("schemas.codec.schemaless_writer", side_effect=AssertionError("encoded")), \
+            pytest.raises(EncodeError, match="encoded"):
+        splice.encode(record)
+    assert splice.encode(record) == encode(names.JOB_STATE, record)
+
+
 def test_spliced_encoding_of_other_keys_goes_through_the_strict_encoder() -> None:
     record = decode(encode(names.JOB_STATE, _sample(names.JOB_STATE))).record
     splice = SplicedEncoder(names.JOB_STATE, "spec")

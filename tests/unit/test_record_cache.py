@@ -16,8 +16,9 @@ import pytest
 from rocksdict import Rdict
 
 from schemas import codec, names
+from schemas.errors import EncodeError
 from streams.engine.core import PlanCache
-from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo
+from streams.engine.faust_store import RecordCache, TableStore, TerminalMemo, job_encoder
 from streams.engine.store import (
     MemoryStore,
     Record,
@@ -86,6 +87,21 @@ def test_a_job_written_without_caching_is_read_from_its_bytes(tables: Any) -> No
     store.put_job(job, cache=False)
     assert len(jobs) == 0
     assert store.job(job["job_id"]) == job and (jobs.hits, jobs.misses) == (0, 1)
+
+
+def test_a_job_written_without_caching_lets_its_specs_bytes_go(tables: Any) -> None:
+    """A cached job's spec bytes stay kept for its next write; an uncached job's object is
+    never written again, so its spec's bytes are dropped with the write."""
+    store = store_of(tables, RecordCache(), RecordCache())
+    kept, dropped = canonical(names.JOB_STATE), canonical(names.JOB_STATE)
+    dropped["job_id"] = "another"
+    encoder = job_encoder()  # the process's, which put_job encodes with
+    store.put_job(kept)
+    store.put_job(dropped, cache=False)
+    with mock.patch("schemas.codec.schemaless_writer", side_effect=AssertionError("encoded")):
+        assert encoder.encode(kept) == codec.encode(names.JOB_STATE, kept)
+        with pytest.raises(EncodeError, match="encoded"):
+            encoder.encode(dropped)
 
 
 def saved_execution(tables: Any) -> tuple[TableStore, RecordCache, Record, Record]:

@@ -56,9 +56,15 @@ def test_a_paused_owner_changes_nothing_after_it_wakes(kafka_cluster, tmp_path, 
         # them, and the ticks it sends land on w1's old partitions, ready to be fetched.
         load = seeded_load(commands, f"{rcv.url}/ok", seed=3, start_ms=start, end_ms=end,
                            cron_jobs=12, one_offs=10, periods_s=(1, 2), prefix=f"zb-{tag}")
-        time.sleep(6)
-        w1_before = {e["exec_id"] for e in latest(history(settings)[1]).values()
-                     if e.get("worker") == "w1"}
+        # Until w1 has run some of it (a fixed 6 s once fell short on a slow host, with the
+        # group still settling): the load runs 40 s, so the pause still falls inside it.
+        deadline = time.monotonic() + 20
+        while True:
+            time.sleep(1)
+            w1_before = {e["exec_id"] for e in latest(history(settings)[1]).values()
+                         if e.get("worker") == "w1"}
+            if w1_before or time.monotonic() > deadline:
+                break
         assert w1_before, "w1 owned nothing before the pause: the scenario proves nothing"
         zombie.signal(signal.SIGSTOP)
         time.sleep(PAUSE_S)

@@ -96,9 +96,12 @@ def test_all_owners_down_for_10s_follow_the_misfire_policy(
         assert misfired[0]["scheduled_for_ms"] == missed[-1]["scheduled_for_ms"] + 2000
         keys = [h.headers["Idempotency-Key"] for h in receiver.hits_for(job_id)]
         assert len(keys) == len(set(keys)), "a slot fired twice"
-        # Delete cancels an attempt still in flight, so "started" includes cancelled ones.
-        started = {e["exec_id"] for e in states if e["state"] not in ("missed", "skipped")}
-        assert set(keys) == started
+        # Every call is of a started execution. The delete cancels the one attempt in flight,
+        # which may have been decided ahead of its slot (fire-ahead) and never called.
+        started = {e["exec_id"]: e for e in states if e["state"] not in ("missed", "skipped")}
+        assert set(keys) <= started.keys(), "a call of no started execution"
+        uncalled = [e for x, e in started.items() if x not in set(keys)]
+        assert len(uncalled) <= 1 and all(e["state"] == "cancelled" for e in uncalled), uncalled
         assert not any(b - a != 2000 for a, b in itertools.pairwise(slots))
     finally:
         worker.stop()

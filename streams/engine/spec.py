@@ -70,6 +70,8 @@ def parse_schedule(raw: Any) -> Schedule:
 
 
 Policies = tuple[RetryPolicy, MisfirePolicy, DstPolicy]
+# The policies plus overlap, jitter and lease: what most jobs of a deployment share.
+Shared = tuple[RetryPolicy, MisfirePolicy, DstPolicy, Overlap, float, float]
 
 
 def _policies_of(spec: dict[str, Any]) -> Policies:
@@ -93,43 +95,42 @@ def _policies_of(spec: dict[str, Any]) -> Policies:
 # a policy (equal as numbers, and every check and delay treats them alike).
 @functools.lru_cache(maxsize=1024, typed=True)
 def _cached_policies(max_attempts: Any, backoff: Any, base_s: Any, max_s: Any, kind: Any,
-                     late_by_s: Any, fire_all_cap: Any, nonexistent: Any,
-                     ambiguous: Any) -> Policies:
-    return _policies_of({
+                     late_by_s: Any, fire_all_cap: Any, nonexistent: Any, ambiguous: Any,
+                     overlap: Any, jitter_s: Any, lease_s: Any) -> Shared:
+    retry, misfire, dst = _policies_of({
         "retry": {"max_attempts": max_attempts, "backoff": backoff, "base_s": base_s,
                   "max_s": max_s},
         "misfire": {"kind": kind, "late_by_s": late_by_s, "fire_all_cap": fire_all_cap},
         "dst": {"nonexistent": nonexistent, "ambiguous": ambiguous}})
+    return (retry, misfire, dst, Overlap(overlap), _jitter(jitter_s), _lease(lease_s))
 
 
-def _shared_policies(spec: dict[str, Any]) -> Policies | None:
-    """The cached policies of a spec whose policies are good; None for any other, which
-    _policies_of then judges and names (exceptions are never cached)."""
+def _shared(spec: dict[str, Any]) -> Shared | None:
+    """The cached policies of a spec whose policies are all good; None for any other, which
+    plan_of then judges field by field and names (exceptions are never cached)."""
     try:
         retry, misfire, dst = spec["retry"], spec["misfire"], spec["dst"]
         return _cached_policies(
             retry["max_attempts"], retry["backoff"], retry["base_s"], retry["max_s"],
             misfire["kind"], misfire.get("late_by_s"), misfire.get("fire_all_cap", 100),
-            dst["nonexistent"], dst["ambiguous"])
+            dst["nonexistent"], dst["ambiguous"], spec["overlap"],
+            spec.get("jitter_s", 0.0), spec.get("lease_s", 60.0))
     except Exception:
         return None
+
+
+def _jitter(value: Any) -> float:
+    return _finite(value, "jitter_s", 0, MAX_JITTER_S)
+
+
+def _lease(value: Any) -> float:
+    return _finite(value, "lease_s", 1, MAX_LEASE_S)
 
 
 def plan_of(spec: dict[str, Any]) -> JobPlan:
     """Raises a PermanentError naming the field for anything a scheduler can't honour."""
     try:
-        retry, misfire, dst = _shared_policies(spec) or _policies_of(spec)
-        plan = JobPlan(
-            schedule=parse_schedule(spec["schedule"]),
-            retry=retry,
-            misfire=misfire,
-            dst=dst,
-            overlap=Overlap(spec["overlap"]),
-            jitter_s=_finite(spec.get("jitter_s", 0.0), "jitter_s", 0, MAX_JITTER_S),
-            lease_s=_finite(spec.get("lease_s", 60.0), "lease_s", 1, MAX_LEASE_S),
-            start_at_ms=_time(spec.get("start_at_ms"), "start_at"),
-            end_at_ms=_time(spec.get("end_at_ms"), "end_at"),
-        )
+        plan = _plan(spec)
     except PermanentError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
@@ -138,6 +139,23 @@ def plan_of(spec: dict[str, Any]) -> JobPlan:
         raise InvalidSchedule("end_at must be after start_at", field="end_at")
     _check_target(spec.get("target"))
     return plan
+
+
+def _plan(spec: dict[str, Any]) -> JobPlan:
+    shared = _shared(spec)
+    if shared is None:  # each field judged in turn, so a bad spec names its first bad field
+        retry, misfire, dst = _policies_of(spec)
+        schedule = parse_schedule(spec["schedule"])
+        overlap = Overlap(spec["overlap"])
+        jitter_s = _jitter(spec.get("jitter_s", 0.0))
+        lease_s = _lease(spec.get("lease_s", 60.0))
+    else:
+        retry, misfire, dst, overlap, jitter_s, lease_s = shared
+        schedule = parse_schedule(spec["schedule"])
+    return JobPlan(schedule=schedule, retry=retry, misfire=misfire, dst=dst, overlap=overlap,
+                   jitter_s=jitter_s, lease_s=lease_s,
+                   start_at_ms=_time(spec.get("start_at_ms"), "start_at"),
+                   end_at_ms=_time(spec.get("end_at_ms"), "end_at"))
 
 
 def _check_target(target: Any) -> None:

@@ -1,7 +1,9 @@
 """plan_of's shared policies and the plan a create hands to its first fire.
 
-plan_of keeps the retry, misfire and DST policies it built, by their raw values: these
-tests pin that a cached answer is always the answer a fresh check gives, refusals included.
+plan_of keeps the retry, misfire and DST policies, the overlap, jitter and lease it built,
+by their raw values: these tests pin that a cached answer is always the answer a fresh
+check gives, refusals included, and that a refusal names the field a check in the spec's
+order would.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ policy_values = st.fixed_dictionaries({
     "dst": st.fixed_dictionaries({
         "nonexistent": st.sampled_from(["shift_forward", "skip", "x"]),
         "ambiguous": st.sampled_from(["first", "both", "x"])}),
+    "overlap": st.sampled_from(["allow", "queue", "skip_if_running", "x", None, 1]),
+    "jitter_s": st.sampled_from([0.0, -0.0, 0, 1, 1.5, True, -1, 3601, float("nan"), None]),
+    "lease_s": st.sampled_from([60.0, 60, 1, 0.5, True, 86_401, float("inf"), None, "3"]),
+    # A one-off's time: the schedule is judged between the policies and the overlap.
+    "schedule": st.sampled_from([("kron.OneOffSchedule", {"run_at_ms": T0}),
+                                 ("kron.OneOffSchedule", {"run_at_ms": -1}),
+                                 ("kron.OneOffSchedule", {})]),
 })
 
 
@@ -71,6 +80,17 @@ def test_an_unhashable_value_gets_the_fields_own_error() -> None:
     with pytest.raises(PermanentError) as refused:
         plan_of(spec(target=TARGET, run_at_ms=T0, retry={"max_attempts": [3]}))
     assert refused.value.field == "retry.max_attempts"
+
+
+def test_a_bad_schedule_is_named_before_a_bad_overlap() -> None:
+    for _ in range(2):  # the second time, what the first cached must not change the answer
+        with pytest.raises(PermanentError) as refused:
+            plan_of(spec(target=TARGET, run_at_ms=-1, overlap="sometimes"))
+        assert refused.value.field == "run_at"
+        plan_of(spec(target=TARGET, run_at_ms=T0, overlap="queue"))
+    with pytest.raises(PermanentError) as refused:
+        plan_of(spec(target=TARGET, run_at_ms=-1, overlap="queue"))
+    assert refused.value.field == "run_at"
 
 
 def test_jobs_of_one_policy_share_its_objects() -> None:

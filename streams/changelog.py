@@ -324,8 +324,9 @@ class ChildChangelogProducer(Changelog):
 
     def _start(self) -> subprocess.Popen[bytes]:
         self._loop = asyncio.get_running_loop()
-        child = subprocess.Popen([sys.executable, "-m", "streams.changelog_child"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "streams.changelog_child", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert child.stdin is not None and child.stdout is not None
         with contextlib.suppress(OSError):  # an older kernel keeps its default size
             fcntl.fcntl(child.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)

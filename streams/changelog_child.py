@@ -22,10 +22,16 @@ last offset], published lists (token, error or None).
 The process ends when its input ends: at once (nothing flushed, as when a worker process
 dies with librdkafka's queue) unless a close frame came first, which flushes every write
 and sends a last report with `closed` set. It ignores SIGINT: the worker stops it.
+
+It also dies with the worker (the kernel's parent-death signal, SIGKILL), without first
+reading what is left in its input: a worker killed with `kill -9` loses its unsent writes
+at once, as an inline writer does, and none of them reaches Kafka later, after its
+partitions' next owner may have read their changelogs.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import signal
@@ -159,7 +165,23 @@ class Writer:
         self.report(closed=True)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> None:
+    """Have the kernel SIGKILL this process when `parent` ends (Linux; elsewhere the end
+    of the input still ends it), and end now if it already has."""
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # A parent gone before the call sends no signal: we have been adopted by then.
+    if os.getppid() != parent:
+        os._exit(0)
+
+
 def main() -> None:
+    if len(sys.argv) > 1:
+        die_with(int(sys.argv[1]))
     # Ctrl-C reaches the whole process group; the worker's graceful stop then closes this
     # process after flushing, which it could not do had the signal ended it first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

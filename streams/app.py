@@ -219,6 +219,7 @@ class Engine:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def _on_start(self) -> None:
+        self.changelog.start()
         self.barrier.start()
         self.results.start()
         self.executor.start()

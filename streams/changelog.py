@@ -183,6 +183,12 @@ class Changelog:
         self._waiters.append((want, fut))
         await fut
 
+    def start(self) -> None:
+        """Start producing now, not at the first write: the connection to the broker (and a
+        writer process's start) is then under way while the worker joins its group, and
+        not in the way of the first decisions' acks."""
+        raise NotImplementedError
+
     async def close(self, timeout_s: float = 30.0) -> None:
         """Wait for every write, hand on the final offsets, stop serving acks."""
         raise NotImplementedError
@@ -205,8 +211,13 @@ class ChangelogProducer(Changelog):
         self._pumping: asyncio.Task[None] | None = None
         self._busy = asyncio.Event()  # set by the first write after an idle spell
 
+    def start(self) -> None:
+        if self._producer is None:
+            self._start()
+
     def _start(self) -> Producer:
-        """Built on the first write, on the event loop: nothing runs before the worker does."""
+        """Built on the event loop (at start, or the first write): nothing runs before the
+        worker does."""
         self._producer = Producer(self._config)
         self._pumping = asyncio.get_running_loop().create_task(self._pump())
         return self._producer
@@ -337,6 +348,10 @@ class ChildChangelogProducer(Changelog):
         self._readable.register(child.stdout.fileno(), select.POLLIN)
         self._loop.add_reader(child.stdout.fileno(), self.poll)
         return child
+
+    def start(self) -> None:
+        if self._child is None and not self._stopped:
+            self._schedule_send()  # the config frame goes at the loop's next turn
 
     def _schedule_send(self) -> None:
         if self._child is None:

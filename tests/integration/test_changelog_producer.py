@@ -87,6 +87,39 @@ def test_flush_returns_once_every_earlier_write_is_in_kafka(kafka_settings: Sett
     assert fatal == []
 
 
+def test_start_readies_the_producer_before_any_write(kafka_settings: Settings,
+                                                     writer: WriterKind) -> None:
+    """The worker starts its writer with the app: the producer (and a writer process) is
+    up before the first decision's write; twice is once; a start with no write closes."""
+    topic = _topic(kafka_settings)
+    fatal: list[str] = []
+
+    async def run() -> tuple[bool, int]:
+        idle = _producer(kafka_settings, {}, fatal, writer)
+        idle.start()
+        await asyncio.sleep(0.2)
+        await asyncio.wait_for(idle.close(), 30)
+        producer = _producer(kafka_settings, {}, fatal, writer)
+        producer.start()
+        producer.start()
+        await asyncio.sleep(0.2)
+        if isinstance(producer, ChildChangelogProducer):
+            child = producer._child
+            ready = child is not None and child.poll() is None
+        else:
+            ready = isinstance(producer, changelog.ChangelogProducer) and (
+                producer._producer is not None)
+        producer.produce(topic, 1, b"first", b"v", None)
+        await asyncio.wait_for(producer.flush(), 30)
+        await producer.close()
+        return ready, producer.writes
+
+    ready, writes = asyncio.run(run())
+    assert ready, "nothing started before the first write"
+    assert writes == 1 and fatal == []
+    assert _high_watermarks(kafka_settings, topic)[1] == 1
+
+
 def test_a_busy_loop_still_gets_its_acks(kafka_settings: Settings, writer: WriterKind) -> None:
     """A loop that computes in 20 ms slices, yielding between them as the agent does
     between tick chunks, sees its flush resolve long before the 3 s of slices end (5

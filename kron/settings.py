@@ -57,10 +57,9 @@ class Settings(BaseSettings):
     fire_ahead_s: float = Field(default=0.5, ge=0, le=10)
     # Where state writes are produced and their acks served (streams.changelog): on the
     # worker's event loop (`inline`), or in a child process of the worker (`process`),
-    # which takes that work off the loop that bounds a worker. Not the default: full test
-    # runs with it failed a fault test in three of five (a different one each time; README,
-    # twenty-fourth and twenty-fifth passes), runs with `inline` did not.
-    changelog_writer: Literal["inline", "process"] = "inline"
+    # which takes that work off the loop that bounds a worker (README, twenty-fourth to
+    # twenty-sixth passes). `inline` spares the child's ~30 MB and a process.
+    changelog_writer: Literal["inline", "process"] = "process"
     # Local state (RocksDB tables, projections) lives here; two workers need two dirs.
     data_dir: Path = Path(".kron/data")
     # API

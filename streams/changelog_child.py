@@ -170,7 +170,9 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with(parent: int) -> None:
     """Have the kernel SIGKILL this process when `parent` ends (Linux; elsewhere the end
-    of the input still ends it), and end now if it already has."""
+    of the input still ends it), and end now if it already has. The kernel sends it when
+    the thread that started this process ends: the worker's event-loop thread, which lasts
+    as long as the worker."""
     prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
     if prctl is not None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.procfs import state_of
+
 # The worker's stand-in: it starts the writer as ChildChangelogProducer does, on the pipe
 # it was handed, says the writer's pid, and waits to be killed.
 WORKER = textwrap.dedent("""
@@ -31,10 +33,9 @@ WORKER = textwrap.dedent("""
 def _running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's reaper may be slow, or absent in a container)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return state_of(Path(f"/proc/{pid}/stat").read_text()) != "Z"
     except FileNotFoundError:
         return False
-    return fields[0] != "Z"
 
 
 def _wait_until_gone(pid: int, timeout_s: float) -> bool:

@@ -219,15 +219,20 @@ def repeats(r: Result) -> str:
 
 def probe(r: Result) -> str:
     """The host's speed when the run started (bench.results.speed_probe_ms), per run of a
-    --repeat result: lower is faster. Then, where recorded, the share of the CPUs' 2 s
-    probes that ran slow against the run's fast ones (bench.hostspeed)."""
+    --repeat result: lower is faster. Then, where recorded, a create's cost in
+    bench.create_micro at that time (bench.results.create_probe_us), and the share of the
+    CPUs' 2 s probes that ran slow against the run's fast ones (bench.hostspeed)."""
     runs = (r.get("repeats") or {}).get("runs") or []
     host = r.get("host") or {}
     values = [run.get("probe_ms") for run in runs] if runs else [host.get("probe_ms_before")]
+    creates = ([run.get("create_us") for run in runs] if runs
+               else [host.get("create_us_before")])
     slow = ([run.get("host_slow_share") for run in runs] if runs
             else [(host.get("speed") or {}).get("slow_share")])
     out = "" if all(v is None for v in values) else (
         f"; host probe {', '.join(num(v) for v in values)} ms")
+    if any(v is not None for v in creates):
+        out += f"; create probe {', '.join(num(v) for v in creates)} µs"
     if any(v is not None for v in slow):
         shares = ", ".join("-" if v is None else f"{round(100 * v)}%" for v in slow)
         out += f"; CPU slow in {shares} of 2 s probes"

@@ -53,6 +53,7 @@ def run_summary(r: Result) -> Result:
         "lost": r.get("lost"), "duplicates": r.get("duplicates"),
         "cpu_s": round(sum(cpu.values()), 2) if cpu else None,
         "probe_ms": _get(r, "host", "probe_ms_before"),
+        "create_us": _get(r, "host", "create_us_before"),
         "host_slow_share": _get(r, "host", "speed", "slow_share"),
     }
     name, _ = headline(r)

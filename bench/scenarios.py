@@ -23,7 +23,7 @@ from bench.jobs import http_target, job_spec, kafka_target
 from bench.progress import Bar
 from bench.receiver import Hit, KafkaReceiver
 from bench.report import Result, log, rate, summary
-from bench.results import speed_probe_ms
+from bench.results import create_probe_us, speed_probe_ms
 from bench.stack import History, Stack, du_bytes, executor_of
 from streams.domain.schedule import apply_jitter
 from streams.engine.batch import group_by_partition
@@ -239,6 +239,8 @@ def common(stack: Stack, scenario: str, *, executions: int, duration_s: float,
         "host": {"cpus": os.cpu_count(), "load_1m_before": round(stack.load_before, 2),
                  "load_1m_after": round(os.getloadavg()[0], 2),
                  "probe_ms_before": stack.probe_ms_before, "probe_ms_after": speed_probe_ms(),
+                 "create_us_before": stack.create_us_before,
+                 "create_us_after": create_probe_us(),
                  "speed": stack.host_speed.summary()},
         "broker_warmup": stack.warmup.as_dict() if stack.warmup else None,
     }

@@ -31,7 +31,7 @@ from bench.jobs import CommandSink, http_target, job_spec
 from bench.procfs import CLK_TCK, cpu_ticks, reaped_children_ticks, state_of
 from bench.receiver import HttpReceiver
 from bench.report import log
-from bench.results import speed_probe_ms
+from bench.results import create_probe_us, speed_probe_ms
 from bench.warmup import Warmup, warm
 from kron import localkafka
 from kron.errors import SetupError
@@ -367,6 +367,7 @@ class Stack:
         # And how fast a core is just now (bench.results.speed_probe_ms), before the stack
         # starts: a run on a slow stretch of a shared machine says so.
         self.probe_ms_before = speed_probe_ms()
+        self.create_us_before = create_probe_us()
         self.broker_warmup_s = broker_warmup_s
         self.warmup: Warmup | None = None
 

@@ -52,6 +52,8 @@ def bench(*args: str, timeout_s: float) -> dict[str, Any]:
     assert set(result["lateness_ms"]) >= {"p50", "p95", "p99", "max"}
     # The host's speed before and after, for comparing runs across a shared machine's moods.
     assert result["host"]["probe_ms_before"] > 0 and result["host"]["probe_ms_after"] > 0
+    # And what a create costs bench.create_micro then: the drift that moves kron's figures.
+    assert result["host"]["create_us_before"] > 0 and result["host"]["create_us_after"] > 0
     assert result["scenario"] == args[0]
     # Each worker's main thread (its event loop) through the load window: a share of a core.
     assert set(result["loop_busy"]) <= set(result["cpu_s"]), result["loop_busy"]

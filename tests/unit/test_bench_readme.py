@@ -233,6 +233,28 @@ def test_a_runs_share_of_slow_cpu_windows_follows_the_probe() -> None:
         "; host probe 40 ms; CPU slow in 24% of 2 s probes")
 
 
+def test_the_create_probe_follows_the_host_probe_and_precedes_the_slow_share() -> None:
+    probed = {**STEADY, "host": {"probe_ms_before": 44.7, "create_us_before": 29.1,
+                                 "speed": {"slow_share": 0.02}}}
+    assert readme.row("steady-kafka", probed)[11].endswith(
+        "; host probe 44.7 ms; create probe 29.1 µs; CPU slow in 2% of 2 s probes")
+    older = {**STEADY, "host": {"probe_ms_before": 44.7}}
+    assert "create probe" not in readme.row("steady-kafka", older)[11]
+
+
+def test_the_create_probe_runs_create_micro_and_takes_the_best_of_its_rounds() -> None:
+    """A real bench.create_micro per round (a few hundred jobs): a positive figure, the
+    least of the rounds' own."""
+    best = results.create_probe_us(rounds=2, jobs=300)
+    assert best is not None and 0 < best < 100_000
+
+
+def test_a_create_probe_that_cannot_run_reports_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(results.sys, "executable", "/nonexistent/python")
+    assert results.create_probe_us(rounds=1, jobs=10) is None
+
+
 def test_the_speed_probe_takes_the_best_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     # A clock whose rounds take 0.5 s, 0.1 s and 0.3 s: the probe reports the best one.
     ticks = iter([0.0, 0.5, 1.0, 1.1, 2.0, 2.3])

@@ -115,6 +115,16 @@ def test_each_runs_host_probe_is_kept_and_shown_in_the_row() -> None:
     assert readme.row("steady-kafka", out)[11].endswith("; host probe 61.5, 98, 70.2 ms")
 
 
+def test_each_runs_create_probe_is_kept_and_shown() -> None:
+    runs = [steady(p99) for p99 in (1200.0, 700.0, 900.0)]
+    for run, create_us in zip(runs, (29.1, 47.5, None), strict=True):
+        run["host"] = {"probe_ms_before": 45.0, "create_us_before": create_us}
+    out = combine(runs)
+    assert [r["create_us"] for r in out["repeats"]["runs"]] == [29.1, 47.5, None]
+    assert readme.row("steady-kafka", out)[11].endswith(
+        "; host probe 45, 45, 45 ms; create probe 29.1, 47.5, - µs")
+
+
 def test_each_runs_share_of_slow_cpu_windows_is_kept_and_shown() -> None:
     runs = [steady(p99) for p99 in (1200.0, 700.0, 900.0)]
     for run, slow in zip(runs, (0.4, 0.05, None), strict=True):

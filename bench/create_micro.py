@@ -1,6 +1,7 @@
 """The worker's cost per create, without Faust or a broker.
 
     python -m bench.create_micro [--jobs 20000] [--batch 1] [--profile] [--encode-only]
+                                 [--split]
 
 Pending one-off jobs (as `kron bench timers` creates them) go through what the worker does
 with a command record after Faust hands it over: the Avro decode, then one CreateJob
@@ -9,6 +10,11 @@ up to --batch jobs (streams.engine.batch.apply_batch), over real RocksDB stores
 (core_micro's). The records are encoded before the clock starts. Faust's consumer and
 stream, and each state write's produce, are left out: `kron bench timers` measures them.
 Reports CPU microseconds per create.
+
+--split also reports how much of that is state I/O: the same job and timer records
+written again into fresh stores (the lookup that finds each id free, then both writes),
+without the decode, checks and encodes that made them. The rest is the command's own
+work, which a create's state does not constrain.
 """
 
 from __future__ import annotations
@@ -57,9 +63,9 @@ def apply(part: Partition, value: bytes) -> None:
     core.on_command(decoded.name, decoded.record, part.ctx(T0_MS))
 
 
-def run(jobs: int, batch: int, root: Path) -> dict[str, Any]:
+def run(jobs: int, batch: int, root: Path, *, split: bool = False) -> dict[str, Any]:
     values = records(jobs, batch)
-    part = Partition(root)
+    part = Partition(root / "created" if split else root)
     try:
         started = time.process_time()
         for value in values:
@@ -67,9 +73,38 @@ def run(jobs: int, batch: int, root: Path) -> dict[str, Any]:
         spent = time.process_time() - started
         created = sum(1 for _ in part.tables["jobs"].db.items())
         assert created == jobs, f"{created} of {jobs} jobs created"
-        return {"jobs": jobs, "batch": batch, "create_us": round(spent / jobs * 1e6, 1)}
+        result = {"jobs": jobs, "batch": batch, "create_us": round(spent / jobs * 1e6, 1)}
+        if split:
+            result["state_io_us"] = state_io_us(part, root / "rewritten")
+        return result
     finally:
         part.close()
+
+
+def state_io_us(created: Partition, root: Path) -> float:
+    """CPU microseconds per create to write what `created` holds again, as a create
+    writes it: a lookup of the job's key, then the job and its timer. Asserts that the
+    stores written hold the same bytes."""
+    pairs = list(zip(_rows(created, "jobs"), _rows(created, "timers"), strict=True))
+    again = Partition(root)
+    try:
+        jobs, timers = again.tables["jobs"], again.tables["timers"]
+        started = time.process_time()
+        for (job_key, job), (timer_key, timer) in pairs:
+            assert jobs.db.get(job_key) is None
+            jobs.write(0, job_key, job, 1)
+            timers.write(0, timer_key, timer, 1)
+        spent = time.process_time() - started
+        for name in ("jobs", "timers"):
+            assert _rows(again, name) == _rows(created, name), name
+    finally:
+        again.close()
+    return round(spent / len(pairs) * 1e6, 2)
+
+
+def _rows(part: Partition, table: str) -> list[tuple[bytes, bytes]]:
+    db: Any = part.tables[table].db  # raw mode: keys and values are bytes
+    return [(bytes(k), bytes(v)) for k, v in db.items()]
 
 
 def main() -> None:
@@ -77,6 +112,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--split", action="store_true",
+                        help="also report the part of a create that is state I/O")
     parser.add_argument("--encode-only", action="store_true",
                         help="only encode the records (bench.instructions subtracts this)")
     args = parser.parse_args()
@@ -84,7 +121,8 @@ def main() -> None:
         print({"jobs": args.jobs, "batch": args.batch,
                "records": len(records(args.jobs, args.batch))})
         return
-    run_in_tmp(run, args.jobs, args.batch, prefix="kron-create-micro-", profile=args.profile)
+    run_in_tmp(functools.partial(run, split=args.split), args.jobs, args.batch,
+               prefix="kron-create-micro-", profile=args.profile)
 
 
 if __name__ == "__main__":

@@ -33,3 +33,10 @@ def test_every_execution_it_starts_is_finished(tmp_path: Path) -> None:
 def test_create_micro_creates_every_job_once(tmp_path: Path, batch: int) -> None:
     result = create_micro.run(30, batch, tmp_path)  # run() asserts all 30 are in the table
     assert result["jobs"] == 30 and result["batch"] == batch and result["create_us"] > 0
+
+
+def test_create_micro_splits_off_the_state_io_of_the_same_records(tmp_path: Path) -> None:
+    # run() asserts the rewritten stores hold the created stores' bytes: the I/O timed is
+    # of exactly the records the creates wrote.
+    result = create_micro.run(300, 100, tmp_path, split=True)
+    assert 0 < result["state_io_us"] < result["create_us"]

@@ -86,7 +86,8 @@ def state_io_us(created: Partition, root: Path) -> float:
     writes it: a lookup of a job's key, then a job and a timer (each table in key order,
     so not paired by job: the cost is the same). Asserts that the stores written hold the
     same bytes."""
-    pairs = list(zip(_rows(created, "jobs"), _rows(created, "timers"), strict=True))
+    rows = {name: _rows(created, name) for name in ("jobs", "timers")}
+    pairs = list(zip(rows["jobs"], rows["timers"], strict=True))
     again = Partition(root)
     try:
         jobs, timers = again.tables["jobs"], again.tables["timers"]
@@ -97,8 +98,8 @@ def state_io_us(created: Partition, root: Path) -> float:
             jobs.write(0, job_key, job, 1)
             timers.write(0, timer_key, timer, 1)
         spent = time.process_time() - started
-        for name in ("jobs", "timers"):
-            assert _rows(again, name) == _rows(created, name), name
+        for name, written in rows.items():
+            assert _rows(again, name) == written, name
     finally:
         again.close()
     return round(spent / len(pairs) * 1e6, 2)

@@ -131,15 +131,32 @@ def apply_batch(core: PartitionCore, batch: Mapping[str, Any], *, partitions: in
     own (so each write gets the event id a lone create would), and refuse the ones that
     cannot be: a job of another partition, one that exists, a bad spec. An error that is
     not the job's fault (`refusable` says no: a full disk) is raised, so the record is not
-    committed and its jobs are not lost."""
+    committed and its jobs are not lost.
+
+    A new job (nearly every job) goes to PartitionCore.create_new with the batch's context
+    renumbered, not through on_command with a CreateJob and a context built for it: those
+    took ~1.5 us of a 27 us create, and a new job's create uses neither. A job that exists
+    (a batch read again, a repeated id) takes the CreateJob path, which judges it."""
     effects: list[Effect] = []
     refused: list[Refused] = []
     jobs = batch["jobs"]
+    tenant = batch["envelope"]["tenant"]
+    command_id = batch["command_id"]
+    ctx = context()
     for index in range(start, len(jobs) if stop is None else min(stop, len(jobs))):
         item = jobs[index]
         try:
-            check_partition(item["job_id"], partitions, partition)
-            effects += core.on_command(names.CREATE_JOB, item_command(batch, index), context())
+            job_id = item["job_id"]
+            check_partition(job_id, partitions, partition)
+            if core.store.job(job_id) is None:
+                ctx.seq = 0
+                core.create_new(job_id=job_id, tenant=tenant,
+                                command_id=item_command_id(command_id, index),
+                                spec=item["spec"], idempotency_key=item["idempotency_key"],
+                                ctx=ctx)
+            else:
+                effects += core.on_command(names.CREATE_JOB, item_command(batch, index),
+                                           context())
         except Exception as exc:
             if not isinstance(exc, PermanentError) and not refusable(exc):
                 raise

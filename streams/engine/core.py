@@ -275,19 +275,31 @@ class PartitionCore:
                 self._rearm_next(existing)  # as for a repeated command, above
                 return
             raise PermanentError(f"job {cmd['job_id']!r} already exists", field="job_id")
-        plan = plan_of(cmd["spec"])
+        self.create_new(job_id=cmd["job_id"], tenant=cmd["envelope"]["tenant"],
+                        command_id=cmd["command_id"], spec=cmd["spec"],
+                        idempotency_key=cmd.get("idempotency_key"), ctx=ctx)
+
+    def create_new(self, *, job_id: str, tenant: str, command_id: str, spec: Record,
+                   idempotency_key: str | None, ctx: Context) -> None:
+        """What a CreateJob does for a job id the store does not hold (the caller looked):
+        writes the job and arms it. No effects, no leases. A CreateJobs batch calls this
+        for each new job rather than building a CreateJob and going through on_command
+        (streams.engine.batch says why); the writes are numbered from ctx.seq, so a context
+        whose seq is 0 gives the event ids a lone create's own context gives."""
+        plan = plan_of(spec)
         job: Record = {
-            "envelope": cmd["envelope"],
-            "job_id": cmd["job_id"],
+            # Replaced by _save_job's envelope; only the tenant is read from it.
+            "envelope": {"tenant": tenant},
+            "job_id": job_id,
             "version": 1,
             "status": "active",
-            "spec": cmd["spec"],
+            "spec": spec,
             "created_at_ms": ctx.now_ms,
             "updated_at_ms": ctx.now_ms,
             "next_run_at_ms": None,
             "cursor_ms": None,
-            "applied_command_ids": [cmd["command_id"]],
-            "idempotency_key": cmd.get("idempotency_key"),
+            "applied_command_ids": [command_id],
+            "idempotency_key": idempotency_key,
             "owner_epoch": ctx.epoch,
             "running": [],
             "queued_slot_ms": None,

@@ -214,3 +214,42 @@ def test_every_job_is_created_once_or_refused(picks: list[tuple[int, int]]) -> N
     before = list(store.log)
     assert {r.index for r in apply(store, batch)} == expected_refused
     assert store.log == before
+
+
+def _alone(store: MemoryStore, batch: dict[str, Any]) -> set[int]:
+    """The batch applied the slow way: each job as the lone CreateJob it stands for."""
+    refused = set()
+    for index, job in enumerate(batch["jobs"]):
+        try:
+            check_partition(job["job_id"], PARTITIONS, HOME)
+            PartitionCore(store).on_command(names.CREATE_JOB, item_command(batch, index),
+                                            context())
+        except PermanentError:
+            refused.add(index)
+    return refused
+
+
+@settings(max_examples=60, deadline=None)
+@given(picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4), st.booleans(),
+                                st.sampled_from([None, "k1", "k2"])), max_size=20),
+       existing=st.lists(st.tuples(st.integers(0, 4), st.sampled_from([None, "k1"])),
+                         max_size=4))
+def test_the_batch_path_writes_what_lone_creates_write(
+        picks: list[tuple[int, int, bool, str | None]],
+        existing: list[tuple[int, str | None]]) -> None:
+    """Byte for byte, in order: new jobs (which skip the CreateJob and its context), jobs
+    that exist with or without the same idempotency key, strangers and bad specs."""
+    home = list(itertools.islice(ids_in(HOME), 5))
+    stranger = next(ids_in(HOME + 1))
+    jobs = [item(stranger if where == 2 else home[n], key=key,
+                 run_at_ms=FAR_FUTURE if bad else NOW + 60_000 * (n + 1))
+            for where, n, bad, key in picks]
+    batched, alone = MemoryStore(), MemoryStore()
+    for store in (batched, alone):  # jobs created by an earlier batch
+        earlier = batch_of([item(home[n], key=key) for n, key in existing], "batch-0")
+        _alone(store, earlier)
+    batch = batch_of(jobs)
+    assert {r.index for r in apply(batched, batch, refusable=lambda exc: False)} == _alone(
+        alone, batch)
+    assert batched.log == alone.log
+    assert batched.timers == alone.timers

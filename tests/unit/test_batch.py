@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from schemas import codec, names
 from streams.domain.errors import PermanentError
+from streams.engine import batch as batch_module
 from streams.engine.batch import (
     MAX_JOBS,
     apply_batch,
@@ -47,6 +48,17 @@ def test_partition_for_is_javas_default_partitioner(key: str, signed: int) -> No
 @given(st.binary(max_size=80))
 def test_murmur2_agrees_with_aiokafkas_word_by_word_version(data: bytes) -> None:
     assert murmur2(data) == reference_murmur2(data)
+
+
+@settings(max_examples=300)
+@given(job_id=st.text(max_size=80), partitions=st.integers(1, 1000))
+def test_librdkafkas_partitioner_agrees_with_the_python_murmur2(job_id: str,
+                                                                 partitions: int) -> None:
+    """partition_for calls librdkafka's partitioner where the wheel has it (it does here):
+    the same partition as the Python murmur2, NULs and all."""
+    assert batch_module._native_partitioner is not None
+    assert partition_for(job_id, partitions) == (
+        murmur2(job_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 def ids_in(partition: int, prefix: str = "job") -> Any:

@@ -55,9 +55,11 @@ def _librdkafka_partitioner() -> Callable[..., int] | None:
 
         libs = glob.glob(os.path.join(f"{os.path.dirname(confluent_kafka.__file__)}.libs",
                                       "librdkafka*.so*"))
-        function = ctypes.CDLL(libs[0]).rd_kafka_msg_partitioner_murmur2
+        function = ctypes.PyDLL(libs[0]).rd_kafka_msg_partitioner_murmur2
     except (ImportError, IndexError, OSError, AttributeError):
         return None
+    # PyDLL: the call keeps the GIL. A CDLL call gives it up and must win it back from the
+    # worker's other threads, for a hash of half a microsecond.
     # (topic, key, keylen, partition_cnt, topic_opaque, msg_opaque): it reads only the key
     # and the count (rdkafka_msg.c).
     function.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int32,

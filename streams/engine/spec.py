@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from streams.domain.errors import InvalidPolicy, InvalidSchedule, PermanentError
@@ -41,6 +41,20 @@ class JobPlan:
     lease_s: float
     start_at_ms: int | None
     end_at_ms: int | None
+
+
+# The slots' own setters, in field order. A frozen dataclass's __init__ sets each field
+# through object.__setattr__: 1.2 us for a JobPlan, against 0.7 us this way, in a create of
+# ~22 us (bench.create_micro).
+_PLAN_SETTERS = tuple(getattr(JobPlan, f.name).__set__ for f in fields(JobPlan))
+
+
+def _new_plan(*values: Any) -> JobPlan:
+    """JobPlan(...) with every field given in field order (a test holds it to that)."""
+    plan = object.__new__(JobPlan)
+    for setter, value in zip(_PLAN_SETTERS, values, strict=True):
+        setter(plan, value)
+    return plan
 
 
 def _finite(value: float, field: str, lo: float, hi: float) -> float:
@@ -152,10 +166,9 @@ def _plan(spec: dict[str, Any]) -> JobPlan:
     else:
         retry, misfire, dst, overlap, jitter_s, lease_s = shared
         schedule = parse_schedule(spec["schedule"])
-    return JobPlan(schedule=schedule, retry=retry, misfire=misfire, dst=dst, overlap=overlap,
-                   jitter_s=jitter_s, lease_s=lease_s,
-                   start_at_ms=_time(spec.get("start_at_ms"), "start_at"),
-                   end_at_ms=_time(spec.get("end_at_ms"), "end_at"))
+    return _new_plan(schedule, retry, misfire, dst, overlap, jitter_s, lease_s,
+                     _time(spec.get("start_at_ms"), "start_at"),
+                     _time(spec.get("end_at_ms"), "end_at"))
 
 
 def _check_target(target: Any) -> None:

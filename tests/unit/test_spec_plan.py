@@ -8,6 +8,7 @@ order would.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from unittest import mock
 
@@ -176,3 +177,21 @@ def test_a_bad_spec_names_the_field_it_always_named() -> None:
     with pytest.raises(PermanentError) as refused:
         plan_of(bad)
     assert refused.value.field == "retry.max_attempts"
+
+
+def test_a_plan_built_by_its_slots_is_the_plan_its_constructor_builds() -> None:
+    """plan_of builds JobPlans through the slots' setters, with the values in field order:
+    a field added, removed or moved must fail here, not build a plan with fields swapped."""
+    names = [f.name for f in dataclasses.fields(JobPlan)]
+    values = [object() for _ in names]  # each field's own value, so a swap shows
+    built = spec_module._new_plan(*values)
+    assert built == JobPlan(**dict(zip(names, values, strict=True)))
+    assert [getattr(built, name) for name in names] == values
+    with pytest.raises(ValueError):
+        spec_module._new_plan(*values[:-1])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.lease_s = 1.0  # type: ignore[misc]
+    plan = plan_of(spec(target=TARGET, run_at_ms=T0, jitter_s=2.5, lease_s=45.0,
+                        start_at_ms=T0 - 1, end_at_ms=T0 + 1))
+    assert (plan.jitter_s, plan.lease_s, plan.start_at_ms, plan.end_at_ms) == (
+        2.5, 45.0, T0 - 1, T0 + 1)

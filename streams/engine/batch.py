@@ -158,9 +158,9 @@ def apply_batch(core: PartitionCore, batch: Mapping[str, Any], *, partitions: in
                 partition: int, context: Callable[[], Context],
                 refusable: Callable[[Exception], bool], start: int = 0,
                 stop: int | None = None) -> tuple[list[Effect], list[Refused]]:
-    """Create jobs start..stop of the batch, each as its own CreateJob in a context of its
-    own (so each write gets the event id a lone create would), and refuse the ones that
-    cannot be: a job of another partition, one that exists, a bad spec. An error that is
+    """Create jobs start..stop of the batch, each writing the events (and event ids) a lone
+    CreateJob of it would, and refuse the ones that cannot be: a job of another partition,
+    one that exists, a bad spec. An error that is
     not the job's fault (`refusable` says no: a full disk) is raised, so the record is not
     committed and its jobs are not lost.
 

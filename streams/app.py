@@ -190,7 +190,7 @@ class Engine:
             topic_replication_factor=s.replication_factor,
             topic_allow_declare=False,
             web_enabled=False,
-            table_standby_replicas=1,
+            table_standby_replicas=s.standby_replicas,
             broker_session_timeout=s.session_timeout_s,
             # The survivors of a crash learn of the rebalance at their next heartbeat.
             broker_heartbeat_interval=min(1.0, s.session_timeout_s / 3),

@@ -34,6 +34,7 @@ class WorkerProcess:
             "KRON_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
             "KRON_MISFIRE_GRACE_S": str(settings.misfire_grace_s),
             "KRON_FIRE_AHEAD_S": str(settings.fire_ahead_s),
+            "KRON_STANDBY_REPLICAS": str(settings.standby_replicas),
             "PYTHONPATH": str(REPO),
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
@@ -62,3 +64,21 @@ def test_top_level_help_lists_the_commands() -> None:
     out = CliRunner().invoke(app, ["--help"]).output
     for name in ("worker", "api", "topics"):
         assert name in out
+
+
+@pytest.mark.parametrize("replicas", [0, 1, 2])
+def test_the_standby_replicas_setting_reaches_the_workers_faust_app(
+        replicas: int, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from streams.app import Engine
+
+    s = Settings(standby_replicas=replicas, data_dir=tmp_path)
+    faust_app = Engine._build_app(SimpleNamespace(settings=s))  # type: ignore[arg-type]
+    assert faust_app.conf.table_standby_replicas == replicas
+
+
+def test_standby_replicas_default_to_one_and_refuse_a_negative() -> None:
+    assert Settings().standby_replicas == 1
+    with pytest.raises(ValidationError):
+        Settings(standby_replicas=-1)

@@ -36,19 +36,20 @@ def run_worker(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = build_engine(settings)
     localstate.prepare(settings.data_dir, Path(engine.app.conf.tabledir))
-    _restore_missing_stores(settings, engine)
+    _restore_stores(settings, engine)
     worker = _bounded_stop_worker_class()(
         engine.app, loglevel=settings.log_level.lower(), logfile=None, quiet=True,
         redirect_stdouts=False, override_logging=False)  # keep the JSON log handler
     worker.execute_from_commandline()
 
 
-def _restore_missing_stores(settings: Settings, engine: Any) -> None:
-    """Before Faust starts: a cold start reads the changelogs in bulk (streams.restore)."""
+def _restore_stores(settings: Settings, engine: Any) -> None:
+    """Before Faust starts: missing or stale stores read their changelogs in bulk
+    (streams.restore)."""
     import rocksdict
 
     from kron.kafka_security import confluent_config
-    from streams.restore import StoreSpec, restore_missing
+    from streams.restore import StoreSpec, restore_stores
 
     specs = []
     for table in (engine.jobs, engine.executions, engine.timers):
@@ -57,7 +58,7 @@ def _restore_missing_stores(settings: Settings, engine: Any) -> None:
                                path_of=store.partition_path,
                                open_db=store.rocksdb_options.open, fence=table.fence))
     try:
-        restore_missing(specs, partitions=settings.partitions, batch_module=rocksdict,
+        restore_stores(specs, partitions=settings.partitions, batch_module=rocksdict,
                         consumer_config=confluent_config(settings, {
                             "group.id": f"{settings.app_id}-restore",
                             "client.id": f"kron-{settings.worker_id}-restore"}))

@@ -50,7 +50,7 @@ def test_clean_stop_keeps_state_and_a_crash_rebuilds_it(kafka_cluster, tmp_path,
         worker = WorkerProcess(settings, "w1", tmp_path).start()
         assert wait_until(lambda: "rebuilding it from the changelogs" in worker.log(), 90)
         # The stores are filled in bulk before Faust starts (streams.restore).
-        assert wait_until(lambda: "restored missing partition stores" in worker.log(), 90)
+        assert wait_until(lambda: "restored partition stores" in worker.log(), 90)
         # The job accepted before both restarts fires from state rebuilt out of Kafka.
         assert receiver.wait_for(later, 1, 90), worker.log()[-3000:]
     finally:

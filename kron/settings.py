@@ -57,8 +57,9 @@ class Settings(BaseSettings):
     fire_ahead_s: float = Field(default=0.5, ge=0, le=10)
     # Where state writes are produced and their acks served (streams.changelog): on the
     # worker's event loop (`inline`), or in a child process of the worker (`process`),
-    # which takes that work off the loop that bounds a worker (README, twenty-fourth to
-    # twenty-sixth passes). `inline` spares the child's ~30 MB and a process.
+    # which takes that work off the loop that bounds a worker (docs/perf/passes.md,
+    # twenty-fourth to twenty-sixth passes). `inline` spares the child's ~30 MB and a
+    # process.
     changelog_writer: Literal["inline", "process"] = "process"
     # Workers that keep a copy of each partition they do not own, read from its changelog,
     # so a takeover starts from local state (seconds) instead of the whole changelog (15 s

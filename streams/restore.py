@@ -113,8 +113,9 @@ def _restore_table(spec: StoreSpec, partitions: int, consumer_config: dict[str, 
 
 def _next_offset(db: Any, low: int) -> int | None:
     """Where an existing store's changelog reading goes on: after its persisted offset, or
-    from the start if it has none. None for an offset that cannot be: Faust's own recovery
-    then judges the store (its consistency check names an offset past the end)."""
+    from the start if it has none. None for an offset that does not parse, and an offset
+    past the end reads nothing: Faust's own recovery judges those stores (its consistency
+    check names an offset past the end)."""
     raw = db.get(OFFSET_KEY)
     if raw is None:
         return low

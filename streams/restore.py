@@ -52,8 +52,8 @@ class StoreSpec:
 
 @dataclass(kw_only=True, slots=True)
 class RestoreReport:
-    partitions: int = 0  # stores created
-    behind: int = 0  # stores that existed and were caught up
+    created: int = 0  # stores that did not exist
+    caught_up: int = 0  # stores that existed and were behind
     records: int = 0
     rejected: int = 0
     seconds: float = 0.0
@@ -71,9 +71,9 @@ def restore_stores(tables: Iterable[StoreSpec], *, partitions: int,
         if n:
             report.per_table[spec.name] = n
     report.seconds = round(time.monotonic() - started, 2)
-    if report.partitions or report.behind:
+    if report.created or report.caught_up:
         log.info("restored partition stores from the changelogs", extra={
-            "created": report.partitions, "caught_up": report.behind,
+            "created": report.created, "caught_up": report.caught_up,
             "records": report.records, "rejected_stale_epoch": report.rejected,
             "seconds": report.seconds, "per_table": report.per_table})
     return report
@@ -99,8 +99,10 @@ def _restore_table(spec: StoreSpec, partitions: int, consumer_config: dict[str, 
             if start is not None and high > start:
                 ends[p] = high
                 starts.append(TopicPartition(spec.topic, p, start))
-                report.behind += exists
-            report.partitions += not exists
+                if exists:
+                    report.caught_up += 1
+            if not exists:
+                report.created += 1
         if not starts:
             return 0
         consumer.assign(starts)

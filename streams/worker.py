@@ -59,9 +59,9 @@ def _restore_stores(settings: Settings, engine: Any) -> None:
                                open_db=store.rocksdb_options.open, fence=table.fence))
     try:
         restore_stores(specs, partitions=settings.partitions, batch_module=rocksdict,
-                        consumer_config=confluent_config(settings, {
-                            "group.id": f"{settings.app_id}-restore",
-                            "client.id": f"kron-{settings.worker_id}-restore"}))
+                       consumer_config=confluent_config(settings, {
+                           "group.id": f"{settings.app_id}-restore",
+                           "client.id": f"kron-{settings.worker_id}-restore"}))
     except Exception:
         # Only a shortcut: every batch wrote its records and offset atomically, so Faust's
         # own recovery continues from what is there (or from the start).

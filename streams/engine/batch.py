@@ -160,9 +160,8 @@ def apply_batch(core: PartitionCore, batch: Mapping[str, Any], *, partitions: in
                 stop: int | None = None) -> tuple[list[Effect], list[Refused]]:
     """Create jobs start..stop of the batch, each writing the events (and event ids) a lone
     CreateJob of it would, and refuse the ones that cannot be: a job of another partition,
-    one that exists, a bad spec. An error that is
-    not the job's fault (`refusable` says no: a full disk) is raised, so the record is not
-    committed and its jobs are not lost.
+    one that exists, a bad spec. An error that is not the job's fault (`refusable` says no:
+    a full disk) is raised, so the record is not committed and its jobs are not lost.
 
     A new job (nearly every job) goes to PartitionCore.create_new with the batch's context
     renumbered, not through on_command with a CreateJob and a context built for it: those

@@ -41,8 +41,8 @@ def test_restore_fills_missing_stores_as_faust_would(kafka_cluster, tmp_path) ->
                      open_db=options.open, fence=EpochFence())
     config = {"bootstrap.servers": settings.bootstrap_servers, "group.id": "restore-test"}
     report = restore_stores([spec], partitions=2, consumer_config=config,
-                             batch_module=rocksdict)
-    assert (report.partitions, report.records, report.rejected) == (2, 5, 1)
+                            batch_module=rocksdict)
+    assert (report.created, report.records, report.rejected) == (2, 5, 1)
 
     db = options.open(tmp_path / "jobs-0.db")
     try:
@@ -60,7 +60,7 @@ def test_restore_fills_missing_stores_as_faust_would(kafka_cluster, tmp_path) ->
     # Stores that are current read nothing again.
     again = restore_stores([spec], partitions=2, consumer_config=config,
                            batch_module=rocksdict)
-    assert (again.partitions, again.behind, again.records) == (0, 0, 0)
+    assert (again.created, again.caught_up, again.records) == (0, 0, 0)
 
     # Another owner wrote on (this worker kept no standby): only the new records are read,
     # with the fence as Faust's own recovery would judge them.
@@ -70,7 +70,7 @@ def test_restore_fills_missing_stores_as_faust_would(kafka_cluster, tmp_path) ->
     assert producer.flush(30) == 0
     behind = restore_stores([spec], partitions=2, consumer_config=config,
                             batch_module=rocksdict)
-    assert (behind.partitions, behind.behind, behind.records, behind.rejected) == (0, 1, 3, 1)
+    assert (behind.created, behind.caught_up, behind.records, behind.rejected) == (0, 1, 3, 1)
     db = options.open(tmp_path / "jobs-0.db")
     try:
         live = {bytes(k): bytes(v) for k, v in db.items() if bytes(k) != OFFSET_KEY}
@@ -100,7 +100,7 @@ def test_a_store_without_a_persisted_offset_is_read_whole_and_one_past_the_end_i
                      open_db=options.open, fence=EpochFence())
     report = restore_stores([spec], partitions=2, batch_module=rocksdict, consumer_config={
         "bootstrap.servers": settings.bootstrap_servers, "group.id": "restore-test"})
-    assert (report.partitions, report.behind, report.records) == (0, 1, 3)
+    assert (report.created, report.caught_up, report.records) == (0, 1, 3)
     db = options.open(tmp_path / "jobs-0.db")
     try:
         assert {bytes(k): bytes(v) for k, v in db.items()} == {

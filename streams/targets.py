@@ -32,6 +32,7 @@ class Outcome:
 class AttemptInfo:
     exec_id: str
     job_id: str
+    tenant: str
     scheduled_for_iso: str
     attempt: int
     fencing_token: int

@@ -42,7 +42,18 @@ def section(scenarios: list[dict[str, Any]]) -> str:
     return (f"{START}\nMeasured by `pytest tests/faults` (real KRaft brokers, real `kron worker` "
             "and API processes, a loopback target logging every attempt; judged by "
             "`replay.audit` plus the target's log), rendered by `python -m tests.faults.report`."
-            f" Measured {when}.\n\n{table(scenarios)}\n{END}")
+            f" Measured {when}.\n\n{COLUMNS}\n\n{table(scenarios)}\n{END}")
+
+
+COLUMNS = (
+    "*lost*: an expected slot (or acknowledged create) without a 2xx at the target, or a "
+    "slot `replay.audit` finds lost. *duplicates*: a slot called under two Idempotency-Keys "
+    "or recorded with two executions, or a duplicate trigger `replay.audit` finds; in the "
+    "broker-fault and indeterminate-create rows also one Idempotency-Key called twice with "
+    "one X-Kron-Attempt, and in the latter two jobs listed for one create key. "
+    "*attempts within policy*: no call's X-Kron-Attempt above its job's "
+    "`retry.max_attempts` (as sent, else as kron.jobs records it) and no "
+    "`attempts_over_policy` finding by `replay.audit`.")
 
 
 def rewrite(readme: str, body: str) -> str:

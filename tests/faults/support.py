@@ -430,11 +430,13 @@ class Verdict:
     over_policy: list[str] = field(default_factory=list)
     not_succeeded: list[tuple[str, int, str]] = field(default_factory=list)
     same_attempt_repeats: int = 0  # one key, one attempt number, called twice
+    same_attempt: list[tuple[str, int]] = field(default_factory=list)  # the slots of those
     repeated_calls: int = 0  # calls beyond the first per key (at least once: same key)
     max_lateness_ms: int = 0
     p99_lateness_ms: int = 0
     slots: int = 0
     calls: int = 0
+    keys: int = 0  # distinct Idempotency-Keys among the calls
     audit: AuditReport | None = None
 
     @property
@@ -443,8 +445,9 @@ class Verdict:
 
     def summary(self) -> dict[str, Any]:
         a = self.audit.counts if self.audit else {}
-        return {"slots": self.slots, "calls": self.calls, "lost": self.lost[:5],
-                "duplicates": self.duplicates[:5], "over_policy": self.over_policy[:5],
+        return {"slots": self.slots, "calls": self.calls, "keys": self.keys,
+                "lost": self.lost[:5], "duplicates": self.duplicates[:5],
+                "same_attempt": self.same_attempt[:5], "over_policy": self.over_policy[:5],
                 "not_succeeded": self.not_succeeded[:5], "audit": a,
                 "audit_violations": [v.detail for v in (self.audit.violations if self.audit
                                                         else ())][:5],
@@ -461,13 +464,18 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
                  False, without a terminal record), or one the audit calls lost
     duplicates:  one (job, slot) reached the receiver under two Idempotency-Keys, or the
                  audit found a duplicate trigger
-    over_policy: a key called with X-Kron-Attempt above the job's max_attempts, or the audit
+    over_policy: a key called with X-Kron-Attempt above the job's max_attempts (the load's,
+                 else the retry policy of the job's latest state in kron.jobs), or the audit
                  found attempts over the policy
+    same_attempt: one Idempotency-Key called twice with one X-Kron-Attempt (counted in
+                 same_attempt_repeats; not in duplicates, which a caller may add them to)
     """
     v = Verdict()
     jobs, execs = history(settings)
     v.audit = audit(jobs, execs, now_ms=now_ms(), grace_ms=audit_grace_ms)
     final = latest(execs)
+    policy = {j["job_id"]: j["spec"]["retry"]["max_attempts"] for j in jobs
+              if j["job_id"] in load.expected and (j.get("spec") or {}).get("retry")}
     by_slot: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for e in final.values():
         if e["trigger"] in SLOT_TRIGGERS:
@@ -477,23 +485,32 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
     keys: dict[tuple[str, int], set[str]] = defaultdict(set)
     ok_at: dict[tuple[str, int], int] = {}
     per_key_attempt: dict[tuple[str, str], int] = defaultdict(int)
+    slot_of_key: dict[str, tuple[str, int]] = {}
     per_key: dict[str, int] = defaultdict(int)
     for h in hits:
         job = h.headers["X-Kron-Job-Id"]
         slot = slot_of(h)
         key = h.headers["Idempotency-Key"]
         keys[(job, slot)].add(key)
+        slot_of_key[key] = (job, slot)
         per_key[key] += 1
         per_key_attempt[(key, h.headers.get("X-Kron-Attempt", ""))] += 1
-        if int(h.headers.get("X-Kron-Attempt", "0")) > load.max_attempts.get(job, 10**6):
+        allowed = load.max_attempts.get(job) or policy.get(job) or 10**6
+        if int(h.headers.get("X-Kron-Attempt", "0")) > allowed:
             v.over_policy.append(f"{job}@{slot}: attempt {h.headers.get('X-Kron-Attempt')}")
         if 200 <= h.status < 300:
             ok_at[(job, slot)] = min(ok_at.get((job, slot), h.received_ms), h.received_ms)
     for (job, slot), ks in keys.items():
         if len(ks) > 1:
             print(f"{job}@{slot} called with keys {sorted(ks)}")  # shown when a test fails
+    v.keys = len(per_key)
     v.repeated_calls = sum(n - 1 for n in per_key.values())
     v.same_attempt_repeats = sum(n - 1 for n in per_key_attempt.values())
+    for (key, attempt), n in per_key_attempt.items():
+        if n > 1:
+            print(f"{slot_of_key[key]} key {key} attempt {attempt} called {n} times")
+            if slot_of_key[key] not in v.same_attempt:
+                v.same_attempt.append(slot_of_key[key])
     lateness: list[int] = []
     for job, slots in load.expected.items():
         for s in slots:

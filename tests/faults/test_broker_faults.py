@@ -2,7 +2,13 @@
 kill -9), and in a 3-node cluster (RF 3, min.insync.replicas 2) the broker leading the most
 kron.commands partitions killed with -9. Expected: every create the API acknowledged (201 or
 200) runs; while writes can't be acknowledged the API answers 503 with Retry-After (never a
-false 201, never a 500); workers resume without manual action."""
+false 201, never a 500); workers resume without manual action.
+
+Beside the API's one-offs, bounded cron jobs (every 1 or 2 s) run through the fault, so a
+slot can be fired twice. Judged by `judge`: the target's log per (Idempotency-Key,
+X-Kron-Attempt) against each job's retry policy, executions per slot, and `replay.audit`
+over the recorded history. A duplicate is a slot with two keys or two executions, an audit
+duplicate trigger, or one key called twice with one attempt number."""
 
 from __future__ import annotations
 
@@ -26,9 +32,14 @@ from tests.conftest import REPO, fresh_settings
 from tests.faults.support import (
     FaultReceiver,
     Fleet,
+    Load,
+    explain_slots,
+    judge,
     now_ms,
-    slot_of,
+    seeded_load,
+    unsettled,
     wait_for_group,
+    wait_settled,
     warm_up,
 )
 from tests.support.stack import ApiProcess, Commands
@@ -56,6 +67,7 @@ class ApiLoad:
     url: str
     seed: int
     answers: list[tuple[int, str, str]] = field(default_factory=list)  # status, job, retry-after
+    slots: dict[str, int] = field(default_factory=dict)  # acknowledged job -> its run_at (ms)
     errors: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -65,6 +77,7 @@ class ApiLoad:
                           timeout=40) as c:
             while not self.stop.is_set():
                 at = now_ms() + rng.randrange(2000, 8000)
+                at -= at % 1000  # run_at is sent to the second
                 body = {"name": f"bf-{n}", "idempotency_key": uuid.uuid4().hex,
                         "run_at": time.strftime("%Y-%m-%dT%H:%M:%S",
                                                 time.gmtime(at / 1000)) + "Z",
@@ -72,6 +85,8 @@ class ApiLoad:
                 try:
                     r = c.post("/v1/jobs", json=body)
                     job = r.json().get("job_id", "") if r.status_code < 300 else ""
+                    if job:
+                        self.slots[job] = at
                     self.answers.append((r.status_code, job, r.headers.get("retry-after", "")))
                     if r.status_code == 503:
                         time.sleep(1)
@@ -100,7 +115,12 @@ def leader_node(cluster: localkafka.Cluster, topic: str) -> localkafka.Node:
     return next(n for n in cluster.nodes if n.node_id == top)
 
 
+CRON_JOBS = 4
+CRON_WINDOW_MS = 45_000  # covers the 3 s lead, the faults and some of the 8 s after
+
+
 def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> None:
+    tag = uuid.uuid4().hex[:6]
     with own_cluster(size) as cluster, FaultReceiver() as rcv:
         overrides = ({"replication_factor": 3, "min_insync_replicas": 2} if size == 3 else {})
         settings = fresh_settings(cluster, tmp_path / "d", session_timeout_s=6.0,
@@ -116,21 +136,28 @@ def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> Non
                 api.start()
                 warm_up(commands, rcv, fleet)
                 assert wait_for_group(settings, 2), fleet.logs()
+                start = now_ms() + 1000
+                crons = seeded_load(commands, f"{rcv.url}/ok", seed=size, start_ms=start,
+                                    end_ms=start + CRON_WINDOW_MS, cron_jobs=CRON_JOBS,
+                                    one_offs=0, periods_s=(1, 2), prefix=f"bf-{tag}")
                 load = ApiLoad(api=api, url=f"{rcv.url}/ok", seed=size)
                 with load.running():
                     time.sleep(3)
                     injected = faults(cluster, settings)
                     time.sleep(8)  # load after recovery: the workers resumed on their own
                 acked = {j for s, j, _ in load.answers if s in (200, 201)}
+                judged = Load(expected={j: [load.slots[j]] for j in acked if j in load.slots})
+                judged.merge(crons)  # the API's one-offs: their policy comes from kron.jobs
                 pending = set(acked)
                 deadline = time.monotonic() + 90
                 while pending and time.monotonic() < deadline:
                     pending = {j for j in pending if not rcv.hits_for(j)}
                     time.sleep(1)
-                dup = sum(1 for j in acked
-                          if len({h.headers["Idempotency-Key"] for h in rcv.hits_for(j)}) > 1)
-                late = [min(h.received_ms for h in hs) - slot_of(hs[0])
-                        for j in acked if (hs := rcv.hits_for(j))]
+                settled = wait_settled(settings, judged, 90)
+                verdict = judge(settings, rcv, judged)
+                dup = sorted(set(verdict.duplicates) | set(verdict.same_attempt))
+                explain = explain_slots(settings, dup + verdict.lost
+                                        + unsettled(settings, judged))
                 logs = fleet.logs()
                 trail = _trace(settings, pending, fleet) + _hits_per_s(rcv) if pending else ""
             finally:
@@ -140,14 +167,29 @@ def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> Non
     for s, _, _ in load.answers:
         codes[s] = codes.get(s, 0) + 1
     no_retry_after = [s for s, _, ra in load.answers if s == 503 and not ra]
+    assert verdict.audit is not None
+    mine = collections.Counter(v.kind for v in verdict.audit.violations
+                               if v.job_id in judged.expected)
     reliability.record(
-        scenario=scenario, injected=injected, lost=len(pending), duplicates=dup,
-        max_lateness_ms=max(late, default=None), attempts_ok=True,
+        scenario=scenario, injected=injected, lost=len(verdict.lost), duplicates=len(dup),
+        max_lateness_ms=verdict.max_lateness_ms if verdict.calls else None,
+        attempts_ok=verdict.attempts_ok,
         notes=f"API answers {dict(sorted(codes.items()))}, client errors {len(load.errors)}; "
-              f"{len(acked)} acknowledged creates, {len(acked) - len(pending)} ran")
+              f"{len(acked)} acknowledged creates, {len(acked) - len(pending)} ran; "
+              f"{CRON_JOBS} cron jobs (every 1-2 s), {crons.slots} slots; p99 lateness "
+              f"{verdict.p99_lateness_ms} ms; {verdict.calls} "
+              f"calls under {verdict.keys} keys for {verdict.slots} slots checked per "
+              f"(key, attempt): {verdict.repeated_calls} same-key repeats, "
+              f"{verdict.same_attempt_repeats} same-attempt repeats; replay.audit over "
+              f"{verdict.audit.executions} execution records: {mine['lost_slot']} lost, "
+              f"{mine['duplicate_trigger']} duplicate triggers, "
+              f"{mine['attempts_over_policy']} over policy")
     assert acked, codes
     assert not pending, f"{len(pending)} acknowledged creates never ran\n{trail}\n{logs}"
-    assert not dup
+    assert settled, (explain, logs)
+    assert not verdict.lost, (verdict.summary(), explain)
+    assert not dup, (verdict.summary(), explain)
+    assert verdict.attempts_ok, verdict.summary()
     assert set(codes) <= {200, 201, 503}, codes
     assert not no_retry_after, "503 without Retry-After"
 

@@ -5,7 +5,11 @@ takes it in the body, `idempotency_key`) yield the same job, never two; the job 
 
 The lost answer is real: an AnswerEatingProxy between client and API forwards the request and
 keeps the API's response to itself until the client's timeout fires. The API answers at the
-Kafka ack, so a slow API cannot stand in for that any more."""
+Kafka ack, so a slow API cannot stand in for that any more.
+
+The runs are judged by `judge`: the target's log per (Idempotency-Key, X-Kron-Attempt)
+against each job's retry policy as kron.jobs records it, executions per slot, and
+`replay.audit` over the history; jobs per key by the API's own listing."""
 
 from __future__ import annotations
 
@@ -25,9 +29,12 @@ from tests.conftest import fresh_settings
 from tests.faults.support import (
     AnswerEatingProxy,
     Fleet,
+    Load,
     Withheld,
+    judge,
     now_ms,
     wait_for_group,
+    wait_settled,
     wait_until,
 )
 from tests.support.stack import ApiProcess
@@ -76,24 +83,36 @@ def test_retried_indeterminate_creates_make_one_job(kafka_cluster, tmp_path, fau
                 rcv.wait_for(ids[k], 1, 60)
             time.sleep(3)  # a second run would come right behind the first
             hits_k = {k: rcv.hits_for(ids[k]) for k in answers}
+            # run_at is sent to the millisecond: it is the slot. No retry policy is given,
+            # so judge checks the attempts against the one kron.jobs recorded (the API's).
+            load = Load(expected={ids[k]: [run_at] for k in answers})
+            settled = wait_settled(settings, load, 60)
+            verdict = judge(settings, rcv, load)
         finally:
             api.stop()
     keyed = {k: [j for j in listed if j["idempotency_key"] == k] for k in answers}
     dup = sum(max(0, len(v) - 1) for v in keyed.values())
+    twice = sorted(set(verdict.duplicates) | set(verdict.same_attempt))
+    assert verdict.audit is not None
+    audit = [f"{v.kind} {v.job_id}" for v in verdict.audit.violations if v.job_id in load.expected]
     reliability.record(
         scenario="indeterminate create", injected="API's answer withheld by a proxy until "
         "the client's 1 s timeout, x2 with no worker; a connection dropped after sending",
-        lost=sum(1 for k in answers if not hits_k[k]),
-        duplicates=dup + sum(max(0, len(h) - 1) for h in hits_k.values()),
-        max_lateness_ms=max((h[0].received_ms - run_at for h in hits_k.values() if h),
-                            default=None),
-        attempts_ok=True,
+        lost=len(verdict.lost), duplicates=dup + len(twice),
+        max_lateness_ms=verdict.max_lateness_ms if verdict.calls else None,
+        attempts_ok=verdict.attempts_ok,
         notes=f"first tries: {outcomes}, answers lost: {[w.status for w in lost]}; retries: "
               f"{ {k[:7]: [s for s, _ in v] for k, v in answers.items()} }; "
-              f"{len(accepted)} CreateJob commands for the timed-out key")
+              f"{len(accepted)} CreateJob commands for the timed-out key; {verdict.calls} "
+              f"calls under {verdict.keys} keys for {verdict.slots} slots, "
+              f"{verdict.same_attempt_repeats} same-attempt repeats; replay.audit: "
+              f"{len(audit)} violations")
     # The first retry, with no worker yet, already knows the job whose answer was lost.
     assert early[0][0] == 200 and {early[0][1]} == lost_ids, (early, lost_ids)
     assert {j for _, j in answers[k_timeout]} == lost_ids, answers[k_timeout]
+    assert settled, verdict.summary()
+    assert not verdict.lost and not twice and not audit, (verdict.summary(), audit)
+    assert verdict.attempts_ok, verdict.summary()
     for key, got in answers.items():
         assert got[-1][0] == 200 and got[-2][0] in (200, 201), (key, got)
         assert len({j for _, j in got if j}) == 1, (key, got)

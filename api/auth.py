@@ -1,25 +1,52 @@
-"""API keys to tenants (constant-time, on hashes), and a per-tenant token bucket."""
+"""API keys to tenants and scopes (constant-time, on hashes), and a per-tenant token bucket.
+
+Scopes are decided here, by HTTP method, and nowhere else: every route gets its tenant from
+`Authenticator.tenant_of`, which refuses any method but GET and HEAD to a key without the
+write scope. A new write route is refused to read keys without knowing scopes exist."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from fastapi import Request
 
 from api.problems import Problem
 from kron.clock import Clock
-from kron.settings import KEY_HASH_PREFIX, hash_api_key
+from kron.settings import KEY_HASH_PREFIX, ApiKey, Scope, hash_api_key
+
+# The methods that change nothing. Anything else (POST, PATCH, PUT, DELETE, ...) is a write.
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Principal:
+    """Who a request's key speaks for, and what it may do."""
+
+    tenant: str
+    scope: Scope
 
 
 class Authenticator:
-    def __init__(self, tenant_keys: dict[str, str]) -> None:
+    def __init__(self, keys: Iterable[ApiKey]) -> None:
         # Only hashes are held (Settings has already hashed plaintext entries; hashing again
         # leaves a hash unchanged), so a memory dump or a debugger shows no usable key.
-        self._keys = [(tenant, hash_api_key(key).encode())
-                      for tenant, key in tenant_keys.items()]
+        self._keys = [(hash_api_key(k.key).encode(), Principal(tenant=k.tenant, scope=k.scope))
+                      for k in keys]
 
     def tenant_of(self, request: Request) -> str:
+        """The tenant of the request's key, once the key may do what the method asks."""
+        who = self.principal(request)
+        if request.method not in READ_METHODS and who.scope is not Scope.WRITE:
+            raise Problem(403, "read-only-key",
+                          f"this API key can only read: {request.method} needs a key with "
+                          f"the write scope")
+        return who.tenant
+
+    def principal(self, request: Request) -> Principal:
+        """The key's tenant and scope; 401 without a valid key. Does not check the scope."""
         presented = request.headers.get("x-api-key")
         auth = request.headers.get("authorization")
         if presented is None and auth is not None:
@@ -32,15 +59,15 @@ class Authenticator:
         # Always hash what was presented (not hash_api_key, which passes a hash through):
         # a leaked stored hash must not itself work as a key.
         given = (KEY_HASH_PREFIX + hashlib.sha256(presented.encode()).hexdigest()).encode()
-        tenant = None
-        for name, key in self._keys:
+        found = None
+        for key, who in self._keys:
             # Compare against every key so the time taken says nothing about which matched.
             if hmac.compare_digest(given, key):
-                tenant = name
-        if tenant is None:
+                found = who
+        if found is None:
             raise Problem(401, "unauthorized", "the API key is not valid",
                           headers={"WWW-Authenticate": "Bearer"})
-        return tenant
+        return found
 
 
 class RateLimiter:

@@ -11,9 +11,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 BASE = "https://kron.dev/problems/"
 TITLES = {
-    400: "Malformed request", 401: "Unauthorized", 404: "Not found", 405: "Method not allowed",
-    409: "Conflict", 413: "Request too large", 415: "Unsupported media type",
-    422: "Invalid input", 429: "Too many requests", 503: "Service unavailable",
+    400: "Malformed request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
+    405: "Method not allowed", 409: "Conflict", 413: "Request too large",
+    415: "Unsupported media type", 422: "Invalid input", 429: "Too many requests",
+    503: "Service unavailable",
 }
 
 

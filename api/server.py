@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import Authenticator, RateLimiter
 from api.batcher import MAX_PARTITIONS, CreateBatcher
@@ -28,6 +29,88 @@ from kron.settings import Settings
 from kron.topics import admin_client
 
 log = logging.getLogger("kron.api")
+
+# What is read and dropped of a body the answer came before (a 413, a 401...), at most.
+DRAIN_MAX_BYTES = 16 * 1024 * 1024
+DRAIN_MAX_S = 5.0
+
+
+class DrainUnreadBody:
+    """Lets a client still sending its body read an answer given before the body ended.
+
+    A 413 is answered after max_body_bytes, with the rest of the body unread. uvicorn then
+    closes the connection (at once if the client asked for `Connection: close`, as
+    urllib.request does), and a close with unread bytes resets the connection: a client
+    that sends its whole body before it reads (most do) sees the reset, not the answer.
+    So the answer's bytes are written, then the rest of the body is read and dropped (up to
+    DRAIN_MAX_BYTES or DRAIN_MAX_S, whichever comes first), then the response ends and the
+    connection is closed (the answer says `Connection: close`). A client still sending past
+    those bounds may then see a reset, seconds after its answer went out. Requests whose
+    body was read to its end pass untouched.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int = DRAIN_MAX_BYTES,
+                 max_s: float = DRAIN_MAX_S) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.max_s = max_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        ended = False  # the client sent all of the body (or went away)
+        asked = False  # the app asked for the body at least once
+
+        async def receive_body() -> Message:
+            nonlocal ended, asked
+            asked = True
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                ended = True
+            return message
+
+        async def drain() -> None:
+            nonlocal ended
+            dropped = 0
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.max_s):
+                    while not ended and dropped <= self.max_bytes:
+                        dropped += len((await receive_body()).get("body", b""))
+
+        draining = False
+
+        async def send_answer(message: Message) -> None:
+            nonlocal draining
+            if message["type"] == "http.response.start" and not ended and (
+                    asked or not _expects_continue(scope)):
+                # A client that waits for `100 Continue` before its body has sent nothing:
+                # there is nothing to drain, and reading would send it the 100 too late.
+                draining = True
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"connection", b"close")]}
+            elif (draining and message["type"] == "http.response.body"
+                  and not message.get("more_body", False)):
+                await send({**message, "more_body": True})  # the answer goes out first
+                await drain()
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app(scope, receive_body, send_answer)
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return value.strip() not in (b"", b"0")
+        if name == b"transfer-encoding":
+            return True
+    return False
+
+
+def _expects_continue(scope: Scope) -> bool:
+    return any(name == b"expect" and value.lower() == b"100-continue"
+               for name, value in scope["headers"])
 
 
 class BrokerProbe:
@@ -93,10 +176,11 @@ def create_app(settings: Settings, *, components: Components | None = None,
     app.add_exception_handler(Problem, on_problem)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_middleware(DrainUnreadBody)
 
     service = Service(settings=settings, views=parts.views, projector=parts.projector,
                       publisher=parts.publisher, clock=clock,
-                      auth=Authenticator(settings.tenant_keys),
+                      auth=Authenticator(settings.api_key_entries),
                       limiter=RateLimiter(clock=clock, rate_per_s=settings.tenant_rate_per_s,
                                           burst=settings.tenant_burst),
                       creates=creates)

@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
 
 from kron import localkafka
 from kron.errors import SetupError
-from kron.settings import Settings, hash_api_keys, parse_api_keys
+from kron.settings import Settings, format_api_keys, parse_api_keys
 from kron.topics import create_topics
 
 STATE = Path(".kron")
@@ -35,6 +36,22 @@ def dev_api_keys() -> str:
         KEY_FILE.write_text(secrets.token_urlsafe(24) + "\n")
         KEY_FILE.chmod(0o600)
     return f"dev={KEY_FILE.read_text().strip()}"
+
+
+def stack_env(environ: Mapping[str, str], cluster: localkafka.Cluster,
+              keys: str) -> dict[str, str]:
+    """The environment of the stack's processes: the caller's, and the local broker's."""
+    return {
+        **environ,
+        "KRON_BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
+        "KRON_REPLICATION_FACTOR": str(cluster.replication_factor),
+        "KRON_MIN_INSYNC_REPLICAS": str(cluster.min_insync_replicas),
+        # Processes get the keys hashed: the plaintext stays with the user (.kron/dev-api-key).
+        "KRON_API_KEYS": format_api_keys(parse_api_keys(keys)),
+        # Locally the targets are mostly on this machine, so private addresses are allowed
+        # unless the user says otherwise (KRON_ALLOW_PRIVATE_TARGETS=false tries the guard).
+        "KRON_ALLOW_PRIVATE_TARGETS": environ.get("KRON_ALLOW_PRIVATE_TARGETS") or "true",
+    }
 
 
 def spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -77,16 +94,7 @@ def up(*, nodes: int = 1) -> None:
     cluster = localkafka.Cluster.plan(root=BROKER_ROOT, size=nodes, base_port=port)
     print(f"kron: starting a {nodes}-node Kafka broker on {cluster.bootstrap_servers} ...")
     localkafka.start(cluster)
-    env = {
-        **os.environ,
-        "KRON_BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
-        "KRON_REPLICATION_FACTOR": str(cluster.replication_factor),
-        "KRON_MIN_INSYNC_REPLICAS": str(cluster.min_insync_replicas),
-        # Processes get the keys hashed: the plaintext stays with the user (.kron/dev-api-key).
-        "KRON_API_KEYS": ",".join(f"{t}={h}" for t, h
-                                  in hash_api_keys(parse_api_keys(keys)).items()),
-        "KRON_ALLOW_PRIVATE_TARGETS": "true",
-    }
+    env = stack_env(os.environ, cluster, keys)
     settings = Settings(bootstrap_servers=cluster.bootstrap_servers)
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import os
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Self
 
@@ -17,6 +19,27 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # An unsalted digest also lets auth look keys up without knowing which tenant is asking.
 KEY_HASH_PREFIX = "sha256:"
 _KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class Scope(enum.StrEnum):
+    """What a key may do. A READ key is refused every write (api/auth.py decides)."""
+
+    READ = "read"
+    WRITE = "write"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApiKey:
+    """One KRON_API_KEYS entry, `tenant[:scope]=key`; `key` is its hash, ``sha256:<hex>``."""
+
+    tenant: str
+    scope: Scope
+    key: str
+
+    @property
+    def entry(self) -> str:
+        """The entry as errors name it: tenant and scope, never the key."""
+        return self.tenant if self.scope is Scope.WRITE else f"{self.tenant}:{self.scope}"
 
 
 def _default_worker_id() -> str:
@@ -72,8 +95,10 @@ class Settings(BaseSettings):
     # API
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
-    # Comma-separated tenant=key or tenant=sha256:<hex> pairs. Plaintext keys are replaced by
-    # their hash as soon as the settings are read, so the object never holds a key.
+    # Comma-separated tenant[:scope]=key entries; the key may be sha256:<hex>. Scope `write`
+    # (the default) may do everything, `read` only reads. A tenant may have several keys at
+    # once (rotation). Plaintext keys are replaced by their hash as soon as the settings are
+    # read, so the object never holds a key.
     api_keys: str = Field(default="", repr=False)
     allow_private_targets: bool = False
     # Per-tenant limits: a token bucket on writes, and a cap on jobs that aren't finished.
@@ -106,7 +131,7 @@ class Settings(BaseSettings):
     @field_validator("api_keys")
     @classmethod
     def _hash_keys(cls, value: str) -> str:
-        return ",".join(f"{t}={h}" for t, h in hash_api_keys(parse_api_keys(value)).items())
+        return format_api_keys(parse_api_keys(value))
 
     @model_validator(mode="after")
     def _check_kafka_security(self) -> Self:
@@ -118,8 +143,8 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def tenant_keys(self) -> dict[str, str]:
-        """tenant -> hashed key (``sha256:<hex>``); plaintext keys are never kept."""
+    def api_key_entries(self) -> tuple[ApiKey, ...]:
+        """Every key with its tenant and scope, hashed: plaintext keys are never kept."""
         return parse_api_keys(self.api_keys)
 
     def topic(self, name: str) -> str:
@@ -130,19 +155,40 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}-engine"
 
 
-def parse_api_keys(raw: str) -> dict[str, str]:
-    keys: dict[str, str] = {}
+def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
+    """Comma-separated `tenant=key` or `tenant:scope=key` entries, keys hashed. Errors name
+    the entry (tenant and scope), never its key."""
+    entries: list[ApiKey] = []
+    named: dict[str, str] = {}  # hash -> the entry that gave it
     for pair in filter(None, (p.strip() for p in raw.split(","))):
-        tenant, sep, key = pair.partition("=")
-        if not sep or not tenant.strip() or not key.strip():
-            raise ValueError("KRON_API_KEYS must be comma-separated tenant=key pairs")
+        name, sep, key = pair.partition("=")
+        tenant, colon, scope_name = (part.strip() for part in name.partition(":"))
         key = key.strip()
+        if not sep or not tenant or not key or (colon and not scope_name):
+            raise ValueError("KRON_API_KEYS must be comma-separated tenant=key or "
+                             "tenant:scope=key entries")
+        try:
+            scope = Scope(scope_name) if colon else Scope.WRITE
+        except ValueError:
+            raise ValueError(f"KRON_API_KEYS entry {tenant}:{scope_name} has an unknown scope "
+                             f"{scope_name!r}: a scope is read or write") from None
         if key.startswith(KEY_HASH_PREFIX) and not _KEY_HASH.fullmatch(key):
             # Never take a mistyped hash for a plaintext key: it would silently not match.
-            raise ValueError(f"the key of tenant {tenant.strip()!r} looks like a hash but is "
+            raise ValueError(f"the key of tenant {tenant!r} looks like a hash but is "
                              f"not sha256: and 64 lowercase hex digits")
-        keys[tenant.strip()] = key
-    return keys
+        entry = ApiKey(tenant=tenant, scope=scope, key=hash_api_key(key))
+        if entry.key in named:
+            # One key, one tenant and one scope: which would a request get otherwise?
+            raise ValueError(f"KRON_API_KEYS entries {named[entry.key]} and {entry.entry} have "
+                             f"the same key")
+        named[entry.key] = entry.entry
+        entries.append(entry)
+    return tuple(entries)
+
+
+def format_api_keys(entries: tuple[ApiKey, ...]) -> str:
+    """The stored form of KRON_API_KEYS: every key hashed; parse_api_keys reads it back."""
+    return ",".join(f"{e.entry}={hash_api_key(e.key)}" for e in entries)
 
 
 def hash_api_key(key: str) -> str:
@@ -150,7 +196,3 @@ def hash_api_key(key: str) -> str:
     if _KEY_HASH.fullmatch(key):
         return key
     return KEY_HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
-
-
-def hash_api_keys(keys: dict[str, str]) -> dict[str, str]:
-    return {tenant: hash_api_key(key) for tenant, key in keys.items()}

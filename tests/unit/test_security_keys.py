@@ -16,7 +16,7 @@ from api.auth import Authenticator
 from api.problems import Problem
 from kron.cli import app
 from kron.logs import JsonFormatter
-from kron.settings import Settings, hash_api_key
+from kron.settings import ApiKey, Scope, Settings, hash_api_key
 
 PLAIN = "pl41n-acme-8c1f0e2d9b"
 GLOBEX = "globex-only-known-as-a-hash"
@@ -49,7 +49,8 @@ def json_log(**extra: object) -> str:
 
 def test_plaintext_keys_are_hashed_at_startup() -> None:
     s = settings()
-    assert s.tenant_keys == {"acme": hash_api_key(PLAIN), "globex": GLOBEX_HASH}
+    assert {(k.tenant, k.key) for k in s.api_key_entries} == {
+        ("acme", hash_api_key(PLAIN)), ("globex", GLOBEX_HASH)}
     assert hash_api_key(PLAIN) == "sha256:" + hashlib.sha256(PLAIN.encode()).hexdigest()
 
 
@@ -57,7 +58,8 @@ def test_env_keys_are_hashed_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KRON_API_KEYS", f"acme={PLAIN}")
     s = Settings()
     assert PLAIN not in s.api_keys
-    assert s.tenant_keys == {"acme": hash_api_key(PLAIN)}
+    assert s.api_key_entries == (ApiKey(tenant="acme", scope=Scope.WRITE,
+                                        key=hash_api_key(PLAIN)),)
 
 
 def test_no_secret_in_repr_dump_or_json_logs() -> None:
@@ -83,7 +85,7 @@ def test_malformed_hash_is_refused_not_taken_as_a_plaintext_key() -> None:
 
 
 def test_plaintext_and_hashed_entries_authenticate_and_wrong_keys_do_not() -> None:
-    auth = Authenticator(settings().tenant_keys)
+    auth = Authenticator(settings().api_key_entries)
     assert auth.tenant_of(request(x_api_key=PLAIN)) == "acme"
     assert auth.tenant_of(request(authorization=f"Bearer {GLOBEX}")) == "globex"
     for wrong in ("nope", PLAIN + "x", GLOBEX_HASH, hash_api_key(PLAIN)):
@@ -94,7 +96,8 @@ def test_plaintext_and_hashed_entries_authenticate_and_wrong_keys_do_not() -> No
 
 
 def test_authenticator_holds_no_plaintext() -> None:
-    auth = Authenticator({"acme": PLAIN})  # even if handed one directly
+    # even if handed one directly
+    auth = Authenticator([ApiKey(tenant="acme", scope=Scope.WRITE, key=PLAIN)])
     assert PLAIN.encode() not in repr(vars(auth)).encode()
     assert auth.tenant_of(request(x_api_key=PLAIN)) == "acme"
 
@@ -108,5 +111,5 @@ def test_cli_hash_prints_the_stored_form() -> None:
     assert printed == hash_api_key(PLAIN)
     from_stdin = CliRunner().invoke(app, ["keys", "hash", "-"], input=PLAIN + "\n")
     assert from_stdin.stdout.strip() == printed
-    auth = Authenticator(Settings(api_keys=f"acme={printed}").tenant_keys)
+    auth = Authenticator(Settings(api_keys=f"acme={printed}").api_key_entries)
     assert auth.tenant_of(request(x_api_key=PLAIN)) == "acme"

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from kron.cli import app
-from kron.settings import Settings, hash_api_keys, parse_api_keys
+from kron.settings import ApiKey, Scope, Settings, hash_api_key, parse_api_keys
 
 
 def test_settings_read_the_kron_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -18,7 +18,8 @@ def test_settings_read_the_kron_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings()
     assert s.bootstrap_servers == "h1:1,h2:2"
     assert s.partitions == 12
-    assert s.tenant_keys == hash_api_keys({"a": "k1", "b": "k2"})
+    assert s.api_key_entries == (ApiKey(tenant="a", scope=Scope.WRITE, key=hash_api_key("k1")),
+                                 ApiKey(tenant="b", scope=Scope.WRITE, key=hash_api_key("k2")))
     assert s.allow_private_targets is True
 
 

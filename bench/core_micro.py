@@ -91,7 +91,7 @@ class Partition:
 
 
 def create(part: Partition, jobs: int) -> None:
-    spec = job_spec(target=kafka_target("bench-target"), cron="* * * * * *",
+    spec = job_spec(target=kafka_target("bench.target"), cron="* * * * * *",
                     start_at_ms=T0_MS, end_at_ms=T0_MS + 3_600_000)
     for i in range(jobs):
         cmd = create_command(f"job-{i:06d}", spec)

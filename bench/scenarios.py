@@ -30,7 +30,7 @@ from streams.engine.batch import group_by_partition
 
 # A cron job per unit of rate: six fields, the first is seconds.
 EVERY_SECOND = "* * * * * *"
-TARGET_TOPIC = "bench-target"
+TARGET_TOPIC = "bench.target"  # the bench tenant's own namespace (streams/domain/topics.py)
 # A worker applies ~1,500 CreateJobs/s on an idle 2-core machine; the lead before the first
 # slot assumes 250/s so a busy machine still has the jobs in place (the run says if not).
 APPLY_PER_S = 250.0

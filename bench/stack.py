@@ -41,7 +41,8 @@ from replay.audit import AuditReport, audit
 from replay.reader import Entry, read_topic
 
 REPO = localkafka.REPO_ROOT
-PREFIX = "bench"
+# kron's own topics (kron.*), apart from the bench tenant's: its Kafka target is bench.*.
+PREFIX = "kron"
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
 SAMPLE_S = 0.5

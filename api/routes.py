@@ -6,6 +6,7 @@ Other writes wait (bounded) until the projection reflects the caller's command."
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import heapq
 import os
@@ -17,9 +18,9 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from api import models
+from api import backfill, models
 from api.auth import Authenticator, RateLimiter
 from api.batcher import CreateBatcher
 from api.problems import Problem
@@ -324,6 +325,7 @@ def build_router(svc: Service) -> APIRouter:
         tenant = svc.tenant(request, write=True)
         job = svc.own_job(tenant, job_id)
         fields: dict[str, Any] = {}
+        counts = None
         if action == "backfill":
             try:
                 req = BackfillRequest.model_validate(await svc.body(request))
@@ -332,9 +334,15 @@ def build_router(svc: Service) -> APIRouter:
                 raise Problem(422, "invalid-input", err["msg"], field=".".join(
                     str(p) for p in err["loc"]) or None) from exc
             fields = _backfill_fields(req, svc.clock.now_ms())
+            # Counted (and refused past the limit) before anything is sent.
+            counts = await asyncio.to_thread(
+                backfill.counts, svc.views, svc.spec_of(tenant, job_id), job_id,
+                from_ms=fields["from_ms"], to_ms=fields["to_ms"], rerun=fields["rerun"])
         cmd = await svc.send(tenant, kinds[action], job_id, **fields)
         after = await svc.applied(job_id, cmd)
         out = svc.job_out(after or job, now_ms=svc.clock.now_ms())
+        if counts is not None:
+            out["backfill"] = counts
         return Json(out, status_code=202 if action in ("trigger", "backfill") else 200)
 
     async def runs(request: Request, job_id: str, status: str | None = None,
@@ -474,12 +482,18 @@ def _tenant_jobs(svc: Service, tenant: str, cursor: str | None,
 
 
 class BackfillRequest(BaseModel):
-    """Run the job's slots between `from` and `to` (both in the past), paced."""
+    """Run the job's slots between `from` and `to` (both in the past, both included), paced:
+    every one of them, at most api.backfill.MAX_BACKFILL_SLOTS. A slot already recorded
+    stays as it is, unless `rerun` asks to run a failed, missed or skipped one again."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     from_: AwareDatetime = Field(alias="from")
     to: AwareDatetime
     max_per_s: float = Field(default=10.0, gt=0, le=1000, allow_inf_nan=False)
+    rerun: StrictBool = Field(default=False, description=(
+        "Run slots whose run ended failed, missed or skipped again, as a new attempt of the "
+        "same run (same Idempotency-Key, higher X-Kron-Attempt). Running and succeeded "
+        "slots are never run again."))
 
 
 MAX_BACKFILL_MS = 366 * 86_400_000
@@ -494,7 +508,7 @@ def _backfill_fields(req: BackfillRequest, now: int) -> dict[str, Any]:
         raise Problem(422, "invalid-input", "backfill covers past slots only", field="to")
     if end - start > MAX_BACKFILL_MS:
         raise Problem(422, "invalid-input", "a backfill spans at most 366 days", field="from")
-    return {"from_ms": start, "to_ms": end, "max_per_s": req.max_per_s}
+    return {"from_ms": start, "to_ms": end, "max_per_s": req.max_per_s, "rerun": req.rerun}
 
 
 REF = "#/components/schemas/{model}"

@@ -9,7 +9,8 @@ interleaving between keys and between the two topics does not matter) and report
       different events (different ``causation_id``): the slot or attempt fired twice;
       a byte-identical redelivery (same causation) is allowed;
     * a terminal execution (succeeded/failed/skipped/missed/cancelled) that later shows a
-      non-terminal state again;
+      non-terminal state again, unless a backfill's rerun started its next attempt
+      (``execution.rerun_started``) after a failed, missed or skipped end;
     * two different exec_ids for one (job_id, scheduled_for_ms) among the schedule, misfire
       and backfill triggers (manual runs are separate executions by design).
 ``lost_slot``
@@ -32,8 +33,9 @@ interleaving between keys and between the two topics does not matter) and report
     ``max_slots`` slots are enumerated per job; a job cut short is listed in ``truncated``.
 ``attempts_over_policy``
     An execution record whose ``attempt`` exceeds ``retry.max_attempts`` of every spec
-    version in force between the execution's creation and that record; an attempt after one
-    whose outcome was ``permanent``.
+    version in force between the execution's creation and that record (or the attempt a
+    rerun started, if higher: a rerun's failure is retried only within the policy); an attempt
+    after one whose outcome was ``permanent``, other than a rerun's.
 ``stale_token``
     A write whose ``fencing_token`` is lower than one already seen for the execution; an
     attempt outcome recorded (or rewritten) when the previous record was not ``running`` with
@@ -58,6 +60,7 @@ from typing import Any
 from streams.domain.errors import PermanentError
 from streams.domain.policies import MisfireKind
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
+from streams.engine.backfill import RERUN_STARTED, RERUNNABLE
 from streams.engine.core import PACE_MS
 from streams.engine.spec import JobPlan, plan_of
 from streams.engine.store import TERMINAL
@@ -193,6 +196,7 @@ class _ExecSeen:
     permanent_at: int | None  # the first attempt whose outcome was permanent
     permanent_reported: bool = False
     started_by: dict[int, str | None] = field(default_factory=dict)  # attempt -> causation
+    rerun_at: int = 0  # the attempt the last rerun started: outcomes before it are judged
 
 
 def _outcomes(rec: Record) -> dict[int, tuple[str | None, int]]:
@@ -221,7 +225,11 @@ def _check_execution(rec: Record, idx: int, seen: _ExecSeen | None, out: _Findin
     else:
         prev_state, prev_token, prev_attempt = seen.state, seen.token, seen.attempt
         if prev_state in TERMINAL and state != prev_state:
-            if state not in TERMINAL:
+            if (event_type == RERUN_STARTED and prev_state in RERUNNABLE
+                    and attempt == prev_attempt + 1):
+                # A backfill ran it again: a new round, judged apart from the old one.
+                seen.rerun_at, seen.permanent_at = attempt, None
+            elif state not in TERMINAL:
                 report(DUPLICATE_TRIGGER,
                        f"terminal {prev_state} execution went back to {state} ({event_type})")
             else:
@@ -230,7 +238,7 @@ def _check_execution(rec: Record, idx: int, seen: _ExecSeen | None, out: _Findin
             report(STALE_TOKEN, f"{event_type} written with fencing token {token} after token "
                                 f"{seen.max_token} ({state})")
 
-    if event_type == "execution.started":
+    if event_type in ("execution.started", RERUN_STARTED):
         first = seen.started_by.setdefault(attempt, causation)
         if first != causation:
             what = "slot triggered" if attempt == 1 else f"attempt {attempt} dispatched"
@@ -249,7 +257,8 @@ def _check_execution(rec: Record, idx: int, seen: _ExecSeen | None, out: _Findin
                        f"execution was {prev_state} with token {prev_token}, attempt "
                        f"{prev_attempt}")
 
-    permanent = [n for n, (o, _) in outcomes.items() if o == "permanent"]
+    permanent = [n for n, (o, _) in outcomes.items()
+                 if o == "permanent" and n >= seen.rerun_at]
     if permanent:
         p = min(permanent)
         seen.permanent_at = p if seen.permanent_at is None else min(seen.permanent_at, p)
@@ -455,6 +464,7 @@ def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
     seen: dict[str, _ExecSeen] = {}
     slots: dict[tuple[str, int], set[str]] = defaultdict(set)
     over_policy: set[str] = set()
+    reruns: dict[str, int] = {}  # exec_id -> the attempt its last rerun started
     n_execs = 0
     for idx, rec in enumerate(executions):
         n_execs += 1
@@ -462,9 +472,13 @@ def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
         seen[ex_id] = _check_execution(rec, idx, seen.get(ex_id), findings)
         if rec.get("trigger") in SLOT_TRIGGERS:
             slots[(rec["job_id"], int(rec["scheduled_for_ms"]))].add(ex_id)
+        if (rec.get("envelope") or {}).get("event_type") == RERUN_STARTED:
+            reruns[ex_id] = int(rec["attempt"])
         if ex_id not in over_policy and rec["job_id"] in policy:
             allowed = policy[rec["job_id"]].allowed(int(rec["created_at_ms"]),
                                                     int(rec["updated_at_ms"]))
+            if allowed is not None:
+                allowed = max(allowed, reruns.get(ex_id, 0))
             if allowed is not None and int(rec["attempt"]) > allowed:
                 over_policy.add(ex_id)
                 findings.add(("exec", idx), ATTEMPTS_OVER_POLICY, job_id=rec["job_id"],

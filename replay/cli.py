@@ -260,9 +260,13 @@ def backfill_command(
     to: Annotated[str, typer.Option("--to", help="Last slot (epoch ms or ISO 8601).")],
     rate: Annotated[float, typer.Option(help="Executions per second, at most.")] = 10.0,
     tenant: Annotated[str, typer.Option(help="The job's tenant.")] = "dev",
+    rerun: Annotated[bool, typer.Option(
+        "--rerun", help="Run slots that ended failed, missed or skipped again (a new attempt "
+                        "of the same execution).")] = False,
 ) -> None:
-    """Run a cron job's past slots through the engine, paced. Slots keep their live ids,
-    so running the same backfill twice creates nothing new."""
+    """Run a cron job's past slots through the engine, paced: every slot of the range, page
+    by page. Slots keep their live ids, so running the same backfill twice creates nothing
+    new; a slot already recorded stays as it is unless --rerun asks otherwise."""
     import uuid
 
     from api.publisher import BrokerUnavailable, CommandPublisher
@@ -281,7 +285,7 @@ def backfill_command(
                      "tenant": tenant, "causation_id": None, "correlation_id": None,
                      "producer": "kron-replay"},
         "command_id": command_id, "job_id": job_id, "from_ms": start, "to_ms": end,
-        "max_per_s": rate,
+        "max_per_s": rate, "rerun": rerun,
     }
     try:
         partition, offset = publisher.publish_sync("kron.commands.BackfillJob", record,

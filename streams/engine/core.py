@@ -26,6 +26,7 @@ from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
 from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
 from streams.domain.timer import encode_timer_key as timer_key
+from streams.engine import backfill
 from streams.engine.spec import JobPlan, branch, plan_of
 from streams.engine.store import TERMINAL, PartitionStore, Record
 
@@ -38,6 +39,8 @@ MAX_LATE_SLOTS = 10_000
 SCHEDULE_TRIGGERS = frozenset({"schedule", "misfire"})
 # Paced re-fires (fire_all, backfill) go out at most this often per job.
 PACE_MS = 100
+# The type, and ref prefix, of the FIRE timer holding the rest of a backfill's range.
+BACKFILL_PAGE_REF = "backfill-page"
 MAX_RECENT_COMMANDS = 32
 # A create keeps its job record and plan in this process's caches only if it first fires
 # within this window: a job due later is evicted by then on a busy worker, and a bulk load
@@ -393,20 +396,46 @@ class PartitionCore:
                               trigger="manual")
 
     def _backfill(self, cmd: Record, job: Record, ctx: Context) -> None:
-        plan = self._plan(job)
+        """Every slot of the job's schedule in [from, to], paced (streams.engine.backfill
+        has the rules). The first page is armed now, the rest page by page."""
         if cmd["to_ms"] < cmd["from_ms"] or cmd["to_ms"] > ctx.now_ms:
             raise PermanentError("backfill needs from <= to <= now", field="to")
         rate = max(0.01, min(float(cmd.get("max_per_s", 10.0)), 1000.0))
-        slot = bounded_next_slot(plan.schedule, after_ms=cmd["from_ms"] - 1, dst=plan.dst,
-                                 start_at_ms=plan.start_at_ms, end_at_ms=cmd["to_ms"] + 1)
-        n = 0
-        while slot is not None and slot.scheduled_for_ms <= cmd["to_ms"] and n < MAX_LATE_SLOTS:
+        first = backfill.first_slot(self._plan(job), cmd["from_ms"], cmd["to_ms"])
+        self._backfill_page(job, first, to_ms=cmd["to_ms"], rate=rate,
+                            rerun=bool(cmd.get("rerun", False)), ref=cmd["command_id"], ctx=ctx)
+
+    def _backfill_page(self, job: Record, slot: Slot | None, *, to_ms: int, rate: float,
+                       rerun: bool, ref: str, ctx: Context) -> None:
+        """Arm one page of a backfill: a paced FIRE timer for each of BACKFILL_PAGE slots at
+        most, from `slot` on, 1/rate apart from now. If the range goes on, a page timer
+        (named after the command) is due when the next slot's turn comes: it arms the next
+        page then, as this one drains. So every slot of the range is armed, none dropped,
+        and a backfill never holds more than a page of timers.
+
+        With `rerun`, a slot whose execution may run again (backfill.may_rerun) carries the
+        attempt it has now: it runs again only if it still has that attempt when its turn
+        comes (a redelivered timer must not run it twice); a slot running now is not rerun."""
+        plan = self._plan(job)
+        page = backfill.BACKFILL_PAGE
+        for n in range(page + 1):
+            if slot is None:
+                return
             due = ctx.now_ms + int(n * 1000 / rate)
-            self._put_paced(job, slot, due, "backfill")
-            n += 1
-            slot = bounded_next_slot(plan.schedule, after_ms=slot.scheduled_for_ms,
-                                     dst=plan.dst, start_at_ms=None,
-                                     end_at_ms=cmd["to_ms"] + 1)
+            if n == page:
+                key = timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"],
+                                ref=f"{BACKFILL_PAGE_REF}:{ref}")
+                self.store.put_timer(key, orjson.dumps({
+                    "t": BACKFILL_PAGE_REF, "s": slot.scheduled_for_ms, "d": slot.dst_outcome,
+                    "to": to_ms, "r": rate, "rerun": rerun, "c": ref}))
+                return
+            rerun_of = None
+            if rerun:
+                ex = self.store.execution(exec_id(job["job_id"], slot.scheduled_for_ms))
+                if ex is not None and backfill.may_rerun(ex):
+                    rerun_of = ex["attempt"]
+            self._put_paced(job, slot, due, "backfill", rerun_of=rerun_of)
+            slot = backfill.next_slot(plan, slot.scheduled_for_ms, to_ms)
 
     # --- timers ------------------------------------------------------------------------------
 
@@ -440,11 +469,14 @@ class PartitionCore:
             self.store.delete_timer(self._fire_key(job, job["next_run_at_ms"], plan))
             job["next_run_at_ms"] = None
 
-    def _put_paced(self, job: Record, slot: Slot, due_ms: int, trigger: str) -> None:
+    def _put_paced(self, job: Record, slot: Slot, due_ms: int, trigger: str, *,
+                   rerun_of: int | None = None) -> None:
         key = timer_key(due_ms=due_ms, kind=TimerKind.FIRE, job_id=job["job_id"],
                         ref=f"{trigger}:{slot.scheduled_for_ms}")
-        self.store.put_timer(key, orjson.dumps({"s": slot.scheduled_for_ms,
-                                                "d": slot.dst_outcome, "t": trigger}))
+        data: Record = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "t": trigger}
+        if rerun_of is not None:
+            data["rr"] = rerun_of  # run the slot's execution again if still at this attempt
+        self.store.put_timer(key, orjson.dumps(data))
 
     def on_tick(self, ctx: Context, *, limit: int = 2000) -> tuple[list[Effect], bool]:
         """Fire every timer due at or before the tick's time, then (fire-ahead) decide the
@@ -516,8 +548,12 @@ class PartitionCore:
             return
         if tk.kind == TimerKind.FIRE:
             slot = Slot(scheduled_for_ms=data["s"], dst_outcome=data["d"])
-            if tk.ref:
-                self._fire_paced(job, slot, data["t"], ctx)
+            if data.get("t") == BACKFILL_PAGE_REF:
+                # The rest of a backfill: its next page, under the job's plan now.
+                self._backfill_page(job, slot, to_ms=data["to"], rate=data["r"],
+                                    rerun=data["rerun"], ref=data["c"], ctx=ctx)
+            elif tk.ref:
+                self._fire_paced(job, slot, data["t"], ctx, rerun_of=data.get("rr"))
             elif data["v"] == job["version"] and job["next_run_at_ms"] == slot.scheduled_for_ms:
                 self._fire_scheduled(job, slot, ctx)
             else:
@@ -719,7 +755,7 @@ class PartitionCore:
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
         for entry in entries:
             ex_id, attempt = entry[0], entry[1]
-            if self.store.known_terminal(ex_id):
+            if self.store.known_terminal(ex_id, attempt):
                 continue  # the common case: it finished long ago, nothing to watch
             ex = self.store.execution(ex_id)
             if len(entry) == 4 and (ex is None or ex["attempt"] == attempt):
@@ -743,7 +779,7 @@ class PartitionCore:
         attempt that started at another time is not the one held (a torn event's slot,
         decided again since by this owner)."""
         for ex_id, attempt in entries:
-            if self.store.known_terminal(ex_id):
+            if self.store.known_terminal(ex_id, attempt):
                 continue
             ex = self.store.execution(ex_id)
             if (ex is None or ex["attempt"] != attempt or ex["state"] != "running"
@@ -822,7 +858,8 @@ class PartitionCore:
         for slot in fire:
             self._on_slot(job, plan, slot, ctx, trigger="misfire")
 
-    def _fire_paced(self, job: Record, slot: Slot, trigger: str, ctx: Context) -> None:
+    def _fire_paced(self, job: Record, slot: Slot, trigger: str, ctx: Context, *,
+                    rerun_of: int | None = None) -> None:
         if job["status"] == "deleted":
             # Its turn came after the delete: recorded, not silently dropped.
             self._record_outcome(job, slot, ctx, state="skipped", reason="job deleted")
@@ -830,7 +867,7 @@ class PartitionCore:
             # Paused before its paced turn came: it starts no run, like any slot while paused.
             self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
         else:
-            self._on_slot(job, self._plan(job), slot, ctx, trigger=trigger)
+            self._on_slot(job, self._plan(job), slot, ctx, trigger=trigger, rerun_of=rerun_of)
         self._save_job(ctx, job, "job.slot_fired")
 
     def _record_outcome(self, job: Record, slot: Slot, ctx: Context, *, state: str,
@@ -845,8 +882,8 @@ class PartitionCore:
         self._save_exec(ctx, ex, f"execution.{state}")
 
     def _on_slot(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context, *,
-                 trigger: str, not_before_ms: int = 0) -> None:
-        """Apply the overlap policy to a slot that is due now."""
+                 trigger: str, not_before_ms: int = 0, rerun_of: int | None = None) -> None:
+        """Apply the overlap policy to a slot that is due now (a backfill's rerun too)."""
         if job["running"] and plan.overlap != Overlap.ALLOW:
             # An execution whose finish was durable but whose job write was lost (a crash
             # between the two) must not hold the overlap policy forever. Only policies
@@ -868,7 +905,7 @@ class PartitionCore:
                 self._cancel(ex_id, job, ctx, reason="replaced by a newer slot")
         self._start_execution(job, plan, ctx, ex_id=exec_id(job["job_id"],
                               slot.scheduled_for_ms), slot=slot, trigger=trigger,
-                              not_before_ms=not_before_ms)
+                              not_before_ms=not_before_ms, rerun_of=rerun_of)
 
     def _suppress(self, job: Record, ex_id: str, slot: Slot, ctx: Context, reason: str) -> None:
         """A duplicate trigger changes nothing; it is recorded so audits can count it."""
@@ -900,10 +937,17 @@ class PartitionCore:
         }
 
     def _start_execution(self, job: Record, plan: JobPlan, ctx: Context, *, ex_id: str,
-                         slot: Slot, trigger: str, not_before_ms: int = 0) -> None:
-        """The check-and-set that makes a slot fire once: local, because we own the partition."""
+                         slot: Slot, trigger: str, not_before_ms: int = 0,
+                         rerun_of: int | None = None) -> None:
+        """The check-and-set that makes a slot fire once: local, because we own the partition.
+        A backfill's rerun (`rerun_of`: the attempt the execution had when the backfill armed
+        the slot) starts the next attempt of an execution that ended without success."""
         existing = self.store.execution(ex_id)
         if existing is not None:
+            if (rerun_of is not None and existing["attempt"] == rerun_of
+                    and backfill.may_rerun(existing)):
+                self._rerun(job, plan, existing, ctx)
+                return
             self._suppress(job, ex_id, slot, ctx, f"{trigger} trigger for a slot already started")
             self._rearm(existing, ctx)
             return
@@ -913,6 +957,19 @@ class PartitionCore:
         job["running"].append(ex_id)
         self._begin_attempt(job, plan, ex, ctx, not_before_ms=not_before_ms)
 
+    def _rerun(self, job: Record, plan: JobPlan, ex: Record, ctx: Context) -> None:
+        """The next attempt of a finished execution, on a backfill's request: the same exec
+        id (so the same Idempotency-Key), the attempt number and fencing token one higher.
+        It runs as any attempt does; if it fails, the retry policy judges it by its attempt
+        number (a slot that failed all its attempts gets this one; one that was missed or
+        skipped gets the policy's full count)."""
+        ex["reason"] = None
+        if len(job["running"]) >= RUNNING_PRUNE_AT:
+            self._prune_running(job)
+        if ex["exec_id"] not in job["running"]:  # `allow` keeps finished runs listed a while
+            job["running"].append(ex["exec_id"])
+        self._begin_attempt(job, plan, ex, ctx, event_type=backfill.RERUN_STARTED)
+
     def _prune_running(self, job: Record) -> None:
         """Drop finished executions from `running`: an `allow` job's finish does not write
         the job, and a crash between two writes can leave one behind for any policy."""
@@ -921,7 +978,7 @@ class PartitionCore:
                           and x["state"] not in TERMINAL]
 
     def _begin_attempt(self, job: Record, plan: JobPlan, ex: Record, ctx: Context, *,
-                       not_before_ms: int = 0) -> None:
+                       not_before_ms: int = 0, event_type: str = "execution.started") -> None:
         """Start an attempt; one decided ahead (not_before_ms) starts, and is leased, from
         its due time."""
         start = max(ctx.now_ms, not_before_ms)
@@ -939,7 +996,7 @@ class PartitionCore:
         self._lease(ex, ctx)
         if start > ctx.now_ms:
             ctx.held.setdefault(start, []).append([ex["exec_id"], ex["attempt"]])
-        self._save_exec(ctx, ex, "execution.started")
+        self._save_exec(ctx, ex, event_type)
         ctx.effects.append(Dispatch(
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
@@ -1038,7 +1095,8 @@ class PartitionCore:
         return {
             "envelope": self._envelope(ctx, tenant=job["envelope"]["tenant"],
                                        event_type="execution.failed_alert",
-                                       eid=event_id(ex["exec_id"], "alert"),
+                                       # A rerun may fail the execution again.
+                                       eid=event_id(ex["exec_id"], "alert", ex["attempt"]),
                                        correlation=job["job_id"]),
             "source_topic": "executions", "source_partition": -1, "source_offset": -1,
             "key": ex["exec_id"].encode(), "value": None,

@@ -109,12 +109,15 @@ def scan_range(table: Any, partition: int, lower: bytes,
 
 
 class TerminalMemo:
-    """Executions this process saw reach a terminal state, newest kept.
+    """Executions this process saw reach a terminal state, with the attempt they ended at,
+    newest kept.
 
     Every attempt's lease timer fires lease_s after it started, long after most attempts
     finished; without the memo each check decodes the whole execution record (8% of the
-    worker's CPU at 1,500 executions/s). Terminal states never change, so an entry is never
-    wrong; one evicted or never seen (another owner finished it) costs a lookup.
+    worker's CPU at 1,500 executions/s). Only a backfill's rerun leaves a terminal state,
+    with the next attempt: this process's own write of it drops the entry, and an entry
+    another process's rerun made stale still answers rightly for the attempts it covers
+    (PartitionStore.known_terminal). One evicted or never seen costs a lookup.
     """
 
     def __init__(self, capacity: int = 1 << 18) -> None:
@@ -122,13 +125,22 @@ class TerminalMemo:
         # slot deleted since its last resize, so each eviction from a full plain dict cost
         # more the longer since then (171 us an add on average over 400,000 adds past this
         # size, against 1.5 us now, on the 2026-12-02 host; +12 MB when full).
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._ids: OrderedDict[str, int] = OrderedDict()
         self._capacity = capacity
 
-    def add(self, exec_id: str) -> None:
-        self._ids[exec_id] = None
+    def add(self, exec_id: str, attempt: int = 1 << 62) -> None:
+        """Terminal at `attempt` (by default: at whatever attempt it will ever reach)."""
+        self._ids[exec_id] = attempt
         if len(self._ids) > self._capacity:
             self._ids.popitem(last=False)
+
+    def discard(self, exec_id: str) -> None:
+        """Running again (a rerun): no longer terminal."""
+        self._ids.pop(exec_id, None)
+
+    def ended_at(self, exec_id: str) -> int | None:
+        """The attempt it was terminal at, or None if not known to be terminal."""
+        return self._ids.get(exec_id)
 
     def __contains__(self, exec_id: str) -> bool:
         return exec_id in self._ids
@@ -237,10 +249,13 @@ class TableStore:
         self._write(self._executions, self._execution_cache, execution["exec_id"].encode(),
                     codec.encode_trusted(EXECUTION_STATE, execution), execution)
         if execution["state"] in TERMINAL:
-            self._terminal.add(execution["exec_id"])
+            self._terminal.add(execution["exec_id"], execution["attempt"])
+        else:  # live (a rerun's start, say): an entry from an earlier end must go
+            self._terminal.discard(execution["exec_id"])
 
-    def known_terminal(self, exec_id: str) -> bool:
-        return exec_id in self._terminal
+    def known_terminal(self, exec_id: str, attempt: int = 0) -> bool:
+        ended = self._terminal.ended_at(exec_id)
+        return ended is not None and ended >= attempt
 
     def put_timer(self, key: bytes, value: bytes) -> None:
         self._timers.write(self._partition, key, value, self._epoch)

@@ -89,11 +89,15 @@ class PartitionStore(Protocol):
         event, so the store need not check that it exists before writing the delete."""
         ...
 
-    def known_terminal(self, exec_id: str) -> bool:
-        """True if the execution is known to be in a terminal state without decoding it.
+    def known_terminal(self, exec_id: str, attempt: int = 0) -> bool:
+        """True if the execution is known, without decoding it, to have reached a terminal
+        state at `attempt` or a later attempt (0: at any), so that attempt is over.
 
-        A hint: False means "look it up". Terminal states never change, so a memo of them
-        never goes stale.
+        A hint: False means "look it up". Only a backfill's rerun takes a terminal
+        execution back to running, and only with a higher attempt, so a memo of (exec id,
+        attempt at its end) never goes stale for the attempts it answers about. Without
+        `attempt` (a job's `running` list) an entry another process made may predate a
+        rerun; the callers that ask so only prune or skip re-arming on it.
         """
         ...
 
@@ -160,9 +164,9 @@ class MemoryStore:
             bisect.insort(self._keys, key)
         self.timers[key] = value
 
-    def known_terminal(self, exec_id: str) -> bool:
+    def known_terminal(self, exec_id: str, attempt: int = 0) -> bool:
         ex = self.executions.get(exec_id)
-        return ex is not None and ex["state"] in TERMINAL
+        return ex is not None and ex["state"] in TERMINAL and ex["attempt"] >= attempt
 
     def delete_timer(self, key: bytes, *, read: bool = False) -> None:
         if self.timers.pop(key, None) is not None:

@@ -503,6 +503,13 @@ SAMPLES: dict[tuple[str, int], list[Record]] = {
         {"envelope": _env("engine.ticked", 2, full=False), "partition": INT_MAX,
          "now_ms": LONG_MAX, "fire_ahead_ms": 0},
     ],
+    # v2 adds `rerun` (default false): a v1 backfill reads as one that leaves recorded slots.
+    ("kron.commands.BackfillJob", 2): [
+        _command("job.backfill_requested", 1, full=True, from_ms=LONG_MIN, to_ms=LONG_MAX,
+                 max_per_s=0.5, rerun=True),
+        _command("job.backfill_requested", 2, full=False, from_ms=T0, to_ms=T0 + 1,
+                 max_per_s=10.0, rerun=False),
+    ],
 }
 
 

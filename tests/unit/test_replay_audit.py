@@ -644,7 +644,8 @@ def test_random_clean_histories_pass_the_audit(data: st.DataObject) -> None:
                         spec=spec(target=TARGET, **data.draw(job_specs(sim.now))))
             elif kind == "BackfillJob":
                 back = data.draw(st.integers(0, 30 * MIN))
-                command(kind, job_id, from_ms=sim.now - back, to_ms=sim.now, max_per_s=50.0)
+                command(kind, job_id, from_ms=sim.now - back, to_ms=sim.now, max_per_s=50.0,
+                        rerun=data.draw(st.booleans(), label="rerun"))
             elif kind == "DeleteJob" and _pending_slots(sim, job_id):
                 # Known core gap: delete drops a queued or paced slot without a record.
                 pass

@@ -41,9 +41,12 @@ from pydantic import (
     model_validator,
 )
 
+from streams.domain.commands import ENABLE_HINT, CommandRegistry
 from streams.domain.errors import PermanentError
 from streams.domain.schedule import OneOffSchedule, bounded_next_slot, parse_cron
+from streams.domain.topics import TopicGrants
 from streams.engine.spec import JobPlan, plan_of
+from streams.guard import LEGACY_COMMAND
 from streams.netguard import BLOCKED_HOSTNAMES, check_url, is_blocked_ip, parse_ip
 
 __all__ = [
@@ -137,7 +140,8 @@ Concurrency = Literal["allow", "skip_if_running", "queue", "replace"]
 MisfireKindIn = Literal["fire_once", "fire_all", "skip_if_late_by"]
 BackoffIn = Literal["exponential", "fixed"]
 _TARGET_RECORDS: dict[str, str] = {
-    "http": "kron.HttpTarget", "kafka": "kron.KafkaTarget", "command": "kron.CommandTarget",
+    "http": "kron.HttpTarget", "kafka": "kron.KafkaTarget",
+    "command": "kron.RegisteredCommandTarget",
 }
 
 
@@ -207,18 +211,20 @@ class KafkaTargetIn(_Model):
 
 
 class CommandTargetIn(_Model):
-    """A subprocess on a worker, or (with ``image``) ``docker run --rm IMAGE ARGV...``.
-
-    ``argv`` may be empty only when ``image`` is given; see :func:`build_spec` for how an
-    image-only target is mapped.
-    """
+    """A command the operator registered (``KRON_COMMANDS_FILE``), named with its
+    parameters: ``{"type": "command", "command": "reports.nightly", "args": {"day": "..."}}``.
+    A job never names a program, an image or a working directory (``argv``, ``image`` and
+    ``cwd`` are refused with a message that says so)."""
 
     type: Literal["command"] = "command"
-    argv: list[str] = Field(default_factory=list)
+    command: str | None = None
+    args: dict[str, str] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    timeout_s: float = 300.0
+    timeout_s: float | None = None
+    # Accepted only to be refused by name (see _command_target): the old shape of a target.
+    argv: list[str] | None = None
     image: str | None = None
+    cwd: str | None = None
 
 
 TargetIn = Annotated[HttpTargetIn | KafkaTargetIn | CommandTargetIn, Field(discriminator="type")]
@@ -261,7 +267,8 @@ class DstIn(_Model):
 
 
 def _infer_target_type(value: Any) -> Any:
-    """``{"url": ...}`` is http, ``{"image"|"argv": ...}`` command, ``{"topic": ...}`` kafka."""
+    """``{"url": ...}`` is http, ``{"command"|"argv"|"image": ...}`` command, ``{"topic": ...}``
+    kafka."""
     if not isinstance(value, dict):
         return value
     kind = value.get("type")
@@ -271,7 +278,7 @@ def _infer_target_type(value: Any) -> Any:
         return value
     if "url" in value:
         return {**value, "type": "http"}
-    if "argv" in value or "image" in value:
+    if "command" in value or "argv" in value or "image" in value:
         return {**value, "type": "command"}
     if "topic" in value:
         return {**value, "type": "kafka"}
@@ -307,14 +314,14 @@ class JobRequest(_Model):
     Shorthand accepted and normalised to the above:
 
     * ``"schedule": "0 2 * * *"`` -> ``{"cron": "0 2 * * *"}`` (timezone UTC);
-    * a target without ``type``: ``url`` -> http, ``argv``/``image`` -> command, ``topic`` ->
-      kafka; ``method`` and ``type`` are case-insensitive;
+    * a target without ``type``: ``url`` -> http, ``command`` -> command, ``topic`` -> kafka;
+      ``method`` and ``type`` are case-insensitive;
     * ``"retry": {"max": 3, "backoff": "exp"}`` -> ``{"max_attempts": 3, "backoff":
       "exponential"}``;
     * ``"misfire": "fire_all"`` -> ``{"kind": "fire_all"}``.
 
     ``name`` is optional: without it the job is named after its target (``POST host/path``,
-    ``kafka topic``, the image, or argv[0]).
+    ``kafka topic``, or the registered command's name).
     """
 
     name: str | None = Field(default=None, min_length=1, max_length=NAME_MAX)
@@ -363,8 +370,10 @@ class TargetPatch(_Model):
     topic: str | None = None
     key: str | None = None
     value: str | None = None
-    argv: list[str] | None = None
+    command: str | None = None
+    args: dict[str, str | None] | None = None
     env: dict[str, str | None] | None = None
+    argv: list[str] | None = None
     cwd: str | None = None
     image: str | None = None
 
@@ -427,7 +436,7 @@ def _message(err: Mapping[str, Any], path: str, top: Sequence[str]) -> str:
         return f"{path} is required"
     if kind == "union_tag_not_found":
         return ("target.type is required (http, kafka or command) unless the target has a "
-                "url, topic, argv or image")
+                "url, topic or command")
     if kind == "finite_number":
         return f"{path} must be a finite number (NaN and Infinity are not allowed)"
     msg = str(err["msg"]).removeprefix("Value error, ")
@@ -646,7 +655,8 @@ def _http_target(t: HttpTargetIn, allow_private: bool) -> tuple[str, dict[str, A
     }
 
 
-def _kafka_target(t: KafkaTargetIn, topic_prefix: str) -> tuple[str, dict[str, Any]]:
+def _kafka_target(t: KafkaTargetIn, topic_prefix: str, tenant: str | None = None,
+                  grants: TopicGrants | None = None) -> tuple[str, dict[str, Any]]:
     field = "target.topic"
     if not _TOPIC.fullmatch(t.topic) or t.topic in (".", ".."):
         raise InvalidField(field, f"{field} {t.topic!r} is not a valid Kafka topic name "
@@ -654,6 +664,11 @@ def _kafka_target(t: KafkaTargetIn, topic_prefix: str) -> tuple[str, dict[str, A
     reserved = (f"{topic_prefix}.", f"{topic_prefix}-", "__") if topic_prefix else ("__",)
     if t.topic.startswith(reserved):
         raise InvalidField(field, f"{field} {t.topic!r} is an internal topic")
+    if tenant is not None and grants is not None:
+        try:  # the tenant's own <tenant>.* topics and what KRON_KAFKA_TARGET_TOPICS grants
+            grants.check(tenant, t.topic)
+        except PermanentError as exc:
+            raise InvalidField(exc.field or field, exc.message) from None
     key = None if t.key is None else _utf8(t.key, "target.key")
     value = None if t.value is None else _utf8(t.value, "target.value")
     if key is not None and len(key) > KAFKA_KEY_MAX:
@@ -667,45 +682,21 @@ def _kafka_target(t: KafkaTargetIn, topic_prefix: str) -> tuple[str, dict[str, A
                                 "headers": _check_headers(t.headers, http=False)}
 
 
-def _command_target(t: CommandTargetIn) -> tuple[str, dict[str, Any]]:
-    image = t.image
-    if image is not None and (len(image) > IMAGE_MAX or not _IMAGE.fullmatch(image)):
-        raise InvalidField("target.image", f"target.image {image!r} is not a container image "
-                                           f"reference (e.g. ghcr.io/acme/reports:1.4)")
-    argv = list(t.argv)
-    if not argv:
-        if image is None:
-            raise InvalidField("target.argv", "target.argv must not be empty (give the program "
-                                              "and its arguments, or an image)")
-        # The engine refuses an empty argv, and the worker runs an image as
-        # `docker run --rm IMAGE ARGV...`; this is that command with no ARGV, i.e. the
-        # image's own entrypoint/CMD. See build_spec.
-        argv, image = ["docker", "run", "--rm", image], None
-    if len(argv) > ARGV_MAX or sum(len(a) for a in argv) > ARGV_TOTAL_MAX:
-        raise InvalidField("target.argv", f"target.argv is limited to {ARGV_MAX} items and "
-                                          f"{ARGV_TOTAL_MAX} characters")
-    if not argv[0]:
-        raise InvalidField("target.argv.0", "target.argv.0 (the program) must not be empty")
-    for i, arg in enumerate(argv):
-        if "\x00" in arg:
-            raise InvalidField(f"target.argv.{i}", f"target.argv.{i} contains NUL")
-    for name, value in t.env.items():
-        where = f"target.env.{_printable(name)}"
-        if not _ENV_NAME.fullmatch(name):
-            raise InvalidField(where, f"environment variable name {_printable(name)!r} must "
-                                      f"match [A-Za-z_][A-Za-z0-9_]*")
-        if name in _KRON_ENV:
-            raise InvalidField(where, f"environment variable {name} is set by kron")
-        if "\x00" in value:
-            raise InvalidField(where, f"{where} contains NUL")
-    if len(t.env) > ENV_MAX or sum(len(k) + len(v) for k, v in t.env.items()) > ENV_TOTAL_MAX:
-        raise InvalidField("target.env", f"target.env is limited to {ENV_MAX} variables and "
-                                         f"{ENV_TOTAL_MAX} characters")
-    if t.cwd is not None and (not t.cwd.startswith("/") or "\x00" in t.cwd
-                              or len(t.cwd) > PATH_MAX):
-        raise InvalidField("target.cwd", "target.cwd must be an absolute path without NUL")
-    return "kron.CommandTarget", {"argv": argv, "env": dict(t.env), "cwd": t.cwd,
-                                  "timeout_s": float(t.timeout_s), "image": image}
+def _command_target(t: CommandTargetIn, tenant: str | None,
+                    commands: CommandRegistry | None) -> tuple[str, dict[str, Any]]:
+    for legacy in ("argv", "image", "cwd"):
+        if getattr(t, legacy) is not None:
+            raise InvalidField(f"target.{legacy}", f"target.{legacy}: {LEGACY_COMMAND}")
+    if not t.command:
+        raise InvalidField("target.command", "target.command must name a command the "
+                                             f"operator registered ({ENABLE_HINT})")
+    target = {"command": t.command, "args": dict(t.args), "env": dict(t.env),
+              "timeout_s": None if t.timeout_s is None else float(t.timeout_s)}
+    try:
+        (commands or CommandRegistry()).resolve(tenant or "", target)
+    except PermanentError as exc:
+        raise InvalidField(exc.field or "target.command", exc.message) from None
+    return "kron.RegisteredCommandTarget", target
 
 
 def _default_name(kind: str, target: Mapping[str, Any]) -> str:
@@ -714,12 +705,8 @@ def _default_name(kind: str, target: Mapping[str, Any]) -> str:
         name = f"{target['method']} {parts.hostname}{parts.path}"
     elif kind == "kron.KafkaTarget":
         name = f"kafka {target['topic']}"
-    elif target["image"]:
-        name = target["image"]
-    elif target["argv"][:3] == ["docker", "run", "--rm"] and len(target["argv"]) == 4:
-        name = target["argv"][3]
     else:
-        name = target["argv"][0].rsplit("/", 1)[-1] or target["argv"][0]
+        name = target["command"]
     name = _printable(name)[:NAME_MAX]
     return name if name.strip() else "job"
 
@@ -747,6 +734,9 @@ def build_spec(
     max_future_days: int = 3660,
     topic_prefix: str = "kron",
     check_times: bool = True,
+    tenant: str | None = None,
+    topic_grants: TopicGrants | None = None,
+    commands: CommandRegistry | None = None,
 ) -> dict[str, Any]:
     """The Avro ``kron.JobSpec`` for a request, validated; raises :class:`InvalidField`.
 
@@ -760,12 +750,9 @@ def build_spec(
     * the cron expression is stored whitespace-normalised (as the domain evaluates it), the
       timezone defaults to UTC.
     * strings for ``body``/``key``/``value`` become UTF-8 bytes.
-    * an image-only command target (``{"image": "reports:1.4"}``, no or empty ``argv``)
-      becomes ``argv = ["docker", "run", "--rm", "reports:1.4"]`` with ``image = null``. The
-      engine refuses an empty argv and the worker runs ``image`` as
-      ``docker run --rm IMAGE ARGV...``, so no argv with ``image`` set could mean "the image's
-      default command"; this argv is exactly the command the worker would otherwise build.
-      (``argv = [image]`` would run the image *name* as a command inside the container.)
+    * a command target names a command of ``commands`` (the operator's registry) granted to
+      ``tenant``, with parameters that match its declarations; without a registry, command
+      targets are refused.
     * a missing ``name`` is derived from the target.
 
     Time checks relative to ``now_ms`` (``check_times=False`` skips them, e.g. to fingerprint a
@@ -778,11 +765,13 @@ def build_spec(
     private/loopback/link-local/metadata address in any encoding, or an obviously local name,
     are refused; other names are NOT resolved here (the worker re-checks DNS at send time).
     Kafka targets may not publish to kron's own topics (``{topic_prefix}.*``,
-    ``{topic_prefix}-*``) or Kafka's (``__*``).
+    ``{topic_prefix}-*``) or Kafka's (``__*``); with ``tenant`` and ``topic_grants``, only to
+    the topics ``topic_grants`` allows the tenant (streams/domain/topics.py).
     """
     return _build(req, now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
                   max_future_days=max_future_days, topic_prefix=topic_prefix,
-                  times=_TIME_FIELDS if check_times else frozenset())
+                  times=_TIME_FIELDS if check_times else frozenset(), tenant=tenant,
+                  topic_grants=topic_grants, commands=commands)
 
 
 def _check_unicode(value: Any, path: str) -> None:
@@ -804,7 +793,9 @@ def _check_unicode(value: Any, path: str) -> None:
 
 
 def _build(req: JobRequest, *, now_ms: int, allow_private: bool, past_skew_s: float,
-           max_future_days: int, topic_prefix: str, times: frozenset[str]) -> dict[str, Any]:
+           max_future_days: int, topic_prefix: str, times: frozenset[str],
+           tenant: str | None = None, topic_grants: TopicGrants | None = None,
+           commands: CommandRegistry | None = None) -> dict[str, Any]:
     # body/key/value become bytes, through surrogateescape (see _utf8); everything else is text.
     raw = req.model_dump(exclude={"target": {"body", "key", "value"}})
     try:
@@ -849,9 +840,9 @@ def _build(req: JobRequest, *, now_ms: int, allow_private: bool, past_skew_s: fl
     if isinstance(t, HttpTargetIn):
         target = _http_target(t, allow_private)
     elif isinstance(t, KafkaTargetIn):
-        target = _kafka_target(t, topic_prefix)
+        target = _kafka_target(t, topic_prefix, tenant, topic_grants)
     else:
-        target = _command_target(t)
+        target = _command_target(t, tenant, commands)
 
     metadata = _string_map(req.metadata, "metadata", max_entries=METADATA_MAX,
                            key_max=METADATA_KEY_MAX, value_max=METADATA_VALUE_MAX,
@@ -935,7 +926,8 @@ def request_of(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["run_at"] = iso(sched["run_at_ms"])
     kind, t = _tagged(spec["target"], "url", "kron.HttpTarget", None)
     if kind is None:
-        kind = "kron.CommandTarget" if "argv" in t else "kron.KafkaTarget"
+        kind = ("kron.RegisteredCommandTarget" if "command" in t else
+                "kron.CommandTarget" if "argv" in t else "kron.KafkaTarget")
     if kind == "kron.HttpTarget":
         out["target"] = {"type": "http", "method": t.get("method", "POST"), "url": t["url"],
                          "headers": dict(t.get("headers") or {}), "body": _text(t.get("body")),
@@ -944,7 +936,11 @@ def request_of(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["target"] = {"type": "kafka", "topic": t["topic"], "key": _text(t.get("key")),
                          "value": _text(t.get("value")),
                          "headers": dict(t.get("headers") or {})}
-    else:
+    elif kind == "kron.RegisteredCommandTarget":
+        out["target"] = {"type": "command", "command": t["command"],
+                         "args": dict(t.get("args") or {}), "env": dict(t.get("env") or {}),
+                         "timeout_s": t.get("timeout_s")}
+    else:  # written before commands were registered; shown as it is, never run again
         out["target"] = {"type": "command", "argv": list(t["argv"]),
                          "env": dict(t.get("env") or {}), "cwd": t.get("cwd"),
                          "timeout_s": t.get("timeout_s", 300.0), "image": t.get("image")}
@@ -992,6 +988,9 @@ def merge_patch(
     past_skew_s: float = 60,
     max_future_days: int = 3660,
     topic_prefix: str = "kron",
+    tenant: str | None = None,
+    topic_grants: TopicGrants | None = None,
+    commands: CommandRegistry | None = None,
 ) -> dict[str, Any]:
     """The spec after ``patch`` (a JSON merge patch over :func:`request_of` of the existing
     spec), fully re-validated by :func:`build_spec`; raises :class:`InvalidField`.
@@ -1055,7 +1054,8 @@ def merge_patch(
     touched |= {"start_at", "end_at"} & patch.model_fields_set
     return _build(req, now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
                   max_future_days=max_future_days, topic_prefix=topic_prefix,
-                  times=frozenset(touched))
+                  times=frozenset(touched), tenant=tenant, topic_grants=topic_grants,
+                  commands=commands)
 
 
 # --- fingerprint, preview ---------------------------------------------------------------------

@@ -235,7 +235,8 @@ def build_router(svc: Service) -> APIRouter:
         job_id = creates.job_id(tenant) if creates is not None else job_id_for(tenant, key)
         existing = svc.job(tenant, job_id)
         # A replayed create may come after its run_at passed: judge it without "now" checks.
-        spec = _spec_or_problem(req, now, svc.settings, check_times=existing is None)
+        spec = _spec_or_problem(req, now, svc.settings, check_times=existing is None,
+                                tenant=tenant)
         if existing is not None and existing["status"] != "deleted":
             if _fingerprint(svc, tenant, existing) != models.spec_fingerprint(spec):
                 raise Problem(422, "idempotency-key-reused",
@@ -303,7 +304,9 @@ def build_router(svc: Service) -> APIRouter:
         now = svc.clock.now_ms()
         spec = _invalid_as_422(models.merge_patch, svc.spec_of(tenant, job_id), patch, now_ms=now,
                                allow_private=svc.settings.allow_private_targets,
-                               topic_prefix=svc.settings.topic_prefix)
+                               topic_prefix=svc.settings.topic_prefix, tenant=tenant,
+                               topic_grants=svc.settings.topic_grants,
+                               commands=svc.settings.commands)
         cmd = await svc.send(tenant, "UpdateJob", job_id, spec=spec, expected_version=None)
         updated = await svc.applied(job_id, cmd)
         return Json(svc.job_out(updated or job, now_ms=now))
@@ -400,10 +403,11 @@ def _invalid_as_422(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _spec_or_problem(req: Any, now: int, settings: Settings, *,
-                     check_times: bool) -> dict[str, Any]:
+                     check_times: bool, tenant: str) -> dict[str, Any]:
     return _invalid_as_422(  # type: ignore[no-any-return]
         models.build_spec, req, now_ms=now, allow_private=settings.allow_private_targets,
-        topic_prefix=settings.topic_prefix, check_times=check_times)
+        topic_prefix=settings.topic_prefix, check_times=check_times, tenant=tenant,
+        topic_grants=settings.topic_grants, commands=settings.commands)
 
 
 def _created(svc: Service, job: dict[str, Any], now: int, upcoming: list[int]

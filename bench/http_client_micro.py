@@ -32,7 +32,8 @@ from streams.targets import AttemptInfo  # noqa: E402
 
 # The last commit whose HttpRunner is the aiohttp one (1b18a47 has the httpx one).
 OLD_REV = "fbc94c0"
-INFO = AttemptInfo(exec_id="e1", job_id="j1", tenant="acme", scheduled_for_iso="2026-01-01T00:00:00Z",
+INFO = AttemptInfo(exec_id="e1", job_id="j1", tenant="acme",
+                   scheduled_for_iso="2026-01-01T00:00:00Z",
                    attempt=1, fencing_token=7, now_ms=0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import re
@@ -13,6 +14,9 @@ from typing import Literal, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streams.domain.commands import CommandRegistry
+from streams.domain.topics import TopicGrants
 
 # API keys are random high-entropy tokens, so one unsalted SHA-256 is enough: nobody can
 # brute-force a 192-bit preimage, and a salt or a slow KDF only helps low-entropy passwords.
@@ -101,6 +105,15 @@ class Settings(BaseSettings):
     # read, so the object never holds a key.
     api_keys: str = Field(default="", repr=False)
     allow_private_targets: bool = False
+    # The programs jobs may run (TOML, streams/domain/commands.py); unset: no command
+    # targets at all. Read by the API and every worker at start.
+    commands_file: Path | None = None
+    # Run registered commands as this user (the worker must be root to switch); unset: the
+    # worker's own user.
+    command_user: str | None = None
+    # Kafka targets: besides its own `<tenant>.*` topics, what each tenant may publish to,
+    # "tenant=prefix.*|exact.topic,..." (streams/domain/topics.py). kron's own are never.
+    kafka_target_topics: str = ""
     # Per-tenant limits: a token bucket on writes, and a cap on jobs that aren't finished.
     tenant_rate_per_s: float = Field(default=200.0, gt=0)
     tenant_burst: int = Field(default=400, ge=1)
@@ -141,6 +154,33 @@ class Settings(BaseSettings):
         if (self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None):
             raise ValueError("KRON_KAFKA_SSL_CERT_FILE and KRON_KAFKA_SSL_KEY_FILE go together")
         return self
+
+    @model_validator(mode="after")
+    def _check_topic_grants(self) -> Self:
+        # A malformed KRON_KAFKA_TARGET_TOPICS stops start-up, naming the entry at fault.
+        TopicGrants.parse(self.kafka_target_topics, own_prefix=self.topic_prefix)
+        return self
+
+    @field_validator("commands_file", "command_user", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _check_commands(self) -> Self:
+        self.commands  # noqa: B018 - read once here: a bad file stops the process at start
+        return self
+
+    @functools.cached_property
+    def commands(self) -> CommandRegistry:
+        """The operator's registry of programs jobs may run (KRON_COMMANDS_FILE); empty,
+        refusing every command target, without a file. Read once per process."""
+        return CommandRegistry.load(self.commands_file)
+
+    @property
+    def topic_grants(self) -> TopicGrants:
+        """The Kafka topics each tenant's jobs may publish to (KRON_KAFKA_TARGET_TOPICS)."""
+        return TopicGrants.parse(self.kafka_target_topics, own_prefix=self.topic_prefix)
 
     @property
     def api_key_entries(self) -> tuple[ApiKey, ...]:

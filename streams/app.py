@@ -42,6 +42,7 @@ from streams.engine.faust_store import (
     job_encoder,
 )
 from streams.executor import Executor
+from streams.guard import TargetGuard
 from streams.lease import OwnershipLease
 from streams.rebalance import RebalanceGate
 from streams.reports import ResultBatcher, result_item
@@ -146,6 +147,10 @@ class Engine:
         self.job_cache = RecordCache(schema=JOB_STATE)
         self.execution_cache = RecordCache(schema=EXECUTION_STATE)
         self.plans = PlanCache()
+        # A malformed commands file stops the worker here, naming the line or the entry.
+        self.guard = TargetGuard(commands=settings.commands,
+                                 topics=settings.topic_grants,
+                                 allow_private=settings.allow_private_targets)
         self.batch_reader = codec.ItemFieldReader(names.CREATE_JOBS)
         # Only while a batch's spec is written as a job's spec (two schema versions could
         # part): bytes of another shape would be spliced into job records unnoticed.
@@ -161,7 +166,10 @@ class Engine:
             apply=self._apply_results if settings.local_results else None)
         self.executor = Executor(
             runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
-                     "command": CommandRunner(), "kafka": KafkaRunner(self._publish)},
+                     "command": CommandRunner(registry=self.guard.commands,
+                                              scratch_dir=settings.data_dir / "scratch",
+                                              user=settings.command_user),
+                     "kafka": KafkaRunner(self._publish, settings.topic_grants)},
             report=self._report, clock=self.clock, worker_id=settings.worker_id,
             concurrency=settings.executor_concurrency,
             before_dispatch=self.barrier.wait if settings.dispatch_barrier else None,
@@ -484,7 +492,8 @@ class Engine:
                            partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
                            terminal=self.terminal, job_cache=self.job_cache,
                            execution_cache=self.execution_cache)
-        return PartitionCore(store, self.plans), self._context(rec, epoch)
+        return (PartitionCore(store, self.plans, check_target=self.guard.check),
+                self._context(rec, epoch))
 
     def _context(self, rec: dict[str, Any], epoch: int) -> Context:
         return Context(now_ms=rec["envelope"]["occurred_at_ms"],

@@ -287,7 +287,8 @@ class Executor:
 
     async def _attempt(self, job: Job, started_ms: int) -> Outcome:
         d = job.dispatch
-        kind = "http" if "url" in d.target else "command" if "argv" in d.target else "kafka"
+        kind = ("http" if "url" in d.target else "kafka" if "topic" in d.target
+                else "command")
         info = AttemptInfo(exec_id=d.exec_id, job_id=d.job_id, tenant=d.tenant,
                            scheduled_for_iso=_iso(d.scheduled_for_ms), attempt=d.attempt,
                            fencing_token=d.fencing_token, now_ms=started_ms)

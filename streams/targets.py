@@ -1,17 +1,27 @@
-"""Running one attempt against its target: HTTP, a Kafka publish, or a subprocess."""
+"""Running one attempt against its target: HTTP, a Kafka publish, or a registered command."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import pwd
+import shutil
+import signal
 import ssl
+import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import certifi
 
+from streams.domain.commands import CommandRegistry, Resolved, Runtime
 from streams.domain.errors import PermanentError
 from streams.domain.retry import ErrorClass, classify_http_status, parse_retry_after
+from streams.domain.topics import TopicGrants
+from streams.guard import LEGACY_COMMAND
 from streams.http1 import Http1Client
 from streams.netguard import IPAddress, Resolver, check_url, resolve_pinned, system_resolver
 
@@ -134,47 +144,154 @@ def _http_outcome(status: int, retry_after: str | None, excerpt: str, now_ms: in
 
 
 class CommandRunner:
-    """A subprocess; a container image is just a command template (`docker run IMAGE`)."""
+    """A registered command (streams.domain.commands), in a sandbox of the worker's making.
+
+    The job names the command and its parameters; the argv, the image and the limits come
+    from the operator's registry, checked again here with the attempt's tenant. The child
+    gets a minimal environment (never the worker's own), a scratch HOME removed afterwards,
+    its own session and process group (a timeout, a cancel or a worker stop kills the whole
+    group, grandchildren too), setrlimit limits, no core dumps, and, with
+    KRON_COMMAND_USER, another user."""
+
+    def __init__(self, *, registry: CommandRegistry, scratch_dir: Path,
+                 user: str | None = None) -> None:
+        self._registry = registry
+        self._scratch = scratch_dir
+        # Resolved once, at start: a user that does not exist stops the worker there.
+        self._user = pwd.getpwnam(user) if user else None
 
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
-        argv = list(target["argv"])
-        if target.get("image"):
-            argv = ["docker", "run", "--rm", target["image"], *argv]
-        env = {**os.environ, **target.get("env", {}),
-               "KRON_EXEC_ID": info.exec_id, "KRON_JOB_ID": info.job_id,
-               "KRON_ATTEMPT": str(info.attempt),
-               "KRON_SCHEDULED_FOR": info.scheduled_for_iso}
+        if "command" not in target:
+            return _refused(LEGACY_COMMAND)
+        try:
+            resolved = self._registry.resolve(info.tenant, target)
+        except PermanentError as exc:
+            return _refused(str(exc))
+        self._scratch.mkdir(parents=True, exist_ok=True)
+        home = Path(tempfile.mkdtemp(prefix="attempt-", dir=self._scratch))
+        try:
+            if self._user is not None:
+                os.chown(home, self._user.pw_uid, self._user.pw_gid)
+            return await self._spawn(resolved, info, home)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+    async def _spawn(self, resolved: Resolved, info: AttemptInfo, home: Path) -> Outcome:
+        env = {"PATH": self._registry.path, "LANG": "C.UTF-8", "HOME": str(home),
+               **resolved.env, "KRON_EXEC_ID": info.exec_id, "KRON_JOB_ID": info.job_id,
+               "KRON_ATTEMPT": str(info.attempt), "KRON_SCHEDULED_FOR": info.scheduled_for_iso}
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, env=env, cwd=target.get("cwd"), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-            return Outcome(ok=False, error_class=ErrorClass.PERMANENT, error=str(exc))
+                *sandbox_argv(resolved, env, self._user), env=env, cwd=home,
+                start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        except (OSError, ValueError) as exc:  # no such user, no Python: the host's set-up
+            return _refused(f"could not start {resolved.command.name!r}: {exc}")
+        assert proc.stdout is not None
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(),
-                                            float(target.get("timeout_s", 300.0)))
-        except TimeoutError:
-            proc.kill()
+            out = await asyncio.wait_for(_tail(proc.stdout, EXCERPT_BYTES), resolved.timeout_s)
             await proc.wait()
+        except TimeoutError:
             return Outcome(ok=False, error_class=ErrorClass.TIMEOUT,
-                           error=f"command timed out after {target.get('timeout_s')}s")
-        excerpt = out[-EXCERPT_BYTES:].decode("utf-8", "replace")
+                           error=f"command {resolved.command.name!r} timed out after "
+                                 f"{resolved.timeout_s:g}s; its process group was killed")
+        finally:
+            # Whatever happened (an exit, a timeout, a cancel, a worker stop), nothing the
+            # attempt started outlives it: the group goes, grandchildren included.
+            _kill_group(proc.pid)
+            if proc.returncode is None:
+                await asyncio.shield(proc.wait())
+        excerpt = out.decode("utf-8", "replace")
         if proc.returncode == 0:
             return Outcome(ok=True, excerpt=excerpt)
-        # 126/127: the shell's "cannot execute"/"not found" — retrying can't help.
+        # 126/127: "cannot execute"/"not found" (also the sandbox's own exec failure).
         cls = ErrorClass.PERMANENT if proc.returncode in (126, 127) else ErrorClass.TRANSIENT
         return Outcome(ok=False, error_class=cls, excerpt=excerpt,
-                       error=f"command exited with {proc.returncode}")
+                       error=f"command {resolved.command.name!r} exited with "
+                             f"{proc.returncode}")
+
+
+def _refused(why: str) -> Outcome:
+    return Outcome(ok=False, error_class=ErrorClass.PERMANENT, error=f"refused: {why}")
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def _tail(stream: asyncio.StreamReader, keep: int) -> bytes:
+    """The last ``keep`` bytes of everything the child writes, read to its end: a child
+    that prints gigabytes costs the worker ``keep`` bytes, not gigabytes."""
+    tail = b""
+    while chunk := await stream.read(65_536):
+        tail = (tail + chunk)[-keep:]
+    return tail
+
+
+# Run by the worker's own Python (-I: no environment variables, no user site; -S: no site)
+# between the fork and the program: the limits apply to the program and all it starts.
+# setrlimit and the user switch happen here, not in a preexec_fn (unsafe in a threaded
+# worker, and uvloop's subprocesses take no `user`).
+_SANDBOX = """\
+import os, resource as r, sys
+if sys.argv[2] != "-":
+    uid, gid = map(int, sys.argv[2].split(":"))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+for k, v in zip((r.RLIMIT_CPU, r.RLIMIT_AS, r.RLIMIT_NOFILE, r.RLIMIT_NPROC),
+                map(int, sys.argv[1].split(","))):
+    if v >= 0:
+        hard = r.getrlimit(k)[1]
+        v = v if hard == r.RLIM_INFINITY else min(v, hard)
+        r.setrlimit(k, (v, v))
+r.setrlimit(r.RLIMIT_CORE, (0, 0))
+try:
+    os.execvp(sys.argv[3], sys.argv[3:])
+except OSError as exc:
+    sys.stderr.write(f"kron: cannot run {sys.argv[3]!r}: {exc.strerror}\\n")
+    sys.exit(127)
+"""
+
+
+def sandbox_argv(resolved: Resolved, env: dict[str, str],
+                 user: pwd.struct_passwd | None = None) -> list[str]:
+    """The worker's exec: the sandbox, its limits, then the registered program (or the
+    registered image under the operator's container runtime)."""
+    limits = resolved.command.limits
+    values = (limits.cpu_s, None if limits.address_space_mb is None
+              else limits.address_space_mb * 1024 * 1024, limits.open_files, limits.processes)
+    encoded = ",".join("-1" if v is None else str(v) for v in values)
+    program = list(resolved.argv)
+    command = resolved.command
+    if command.runtime is not Runtime.HOST:
+        assert command.image is not None
+        # `-e NAME` passes the variable's value from the client's (minimal) environment.
+        passed = [arg for name in env if name not in ("PATH", "HOME")
+                  for arg in ("-e", name)]
+        program = [command.runtime.value, "run", "--rm", "--init", *passed, "--",
+                   command.image, *program]
+    who = "-" if user is None else f"{user.pw_uid}:{user.pw_gid}"
+    return [sys.executable, "-I", "-S", "-c", _SANDBOX, encoded, who, *program]
 
 
 class KafkaRunner:
-    """Publishes through a producer the worker already owns."""
+    """Publishes through a producer the worker already owns, only to a topic ``grants``
+    allows the attempt's tenant (streams/domain/topics.py): the check at create time may
+    have been made under other grants, or skipped by a direct producer."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Any, grants: TopicGrants) -> None:
         # send(topic, key, value, headers) -> awaitable that resolves when acked.
         self._send = send
+        self._grants = grants
 
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
+        try:
+            self._grants.check(info.tenant, target["topic"])
+        except PermanentError as exc:  # nothing is published; retrying cannot help
+            return Outcome(ok=False, error_class=ErrorClass.PERMANENT,
+                           error=f"publish refused: {exc.message}")
         headers = {**target.get("headers", {}), "Idempotency-Key": info.exec_id,
                    "X-Kron-Job-Id": info.job_id, "X-Kron-Attempt": str(info.attempt),
                    "X-Kron-Scheduled-For": info.scheduled_for_iso}

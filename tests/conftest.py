@@ -10,12 +10,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from kron import localkafka
 from kron.settings import Settings
 from kron.topics import create_topics
 
 REPO = Path(__file__).resolve().parent.parent
+
+# No speed in an assertion: hypothesis's per-example deadline (200 ms) failed property tests
+# whenever the two cores were busy with a broker and workers, which says nothing of the code.
+hypothesis_settings.register_profile("kron", deadline=None)
+hypothesis_settings.load_profile("kron")
+# The operator's command registry of the integration tests.
+COMMANDS_FILE = REPO / "tests" / "support" / "commands.toml"
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +57,7 @@ def fresh_settings(cluster: localkafka.Cluster, data_dir: Path, **overrides: obj
         "data_dir": data_dir,
         "api_keys": "acme=key-acme,globex=key-globex",
         "allow_private_targets": True,
+        "commands_file": COMMANDS_FILE,
         **overrides,
     }
     settings = Settings(**fields)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,10 +168,21 @@ def _plan_key(job: Record) -> tuple[str, int, int]:
     return job["job_id"], job["version"], job["created_at_ms"]
 
 
+# (tenant, the spec's target): raises a PermanentError for a target the tenant may not use.
+# The worker passes streams.guard.TargetGuard.check; the core itself grants nothing.
+TargetCheck = Callable[[str, Any], None]
+
+
+def _no_tenant_checks(tenant: str, target: Any) -> None:
+    """For cores that judge specs alone (the in-memory tests and benchmarks)."""
+
+
 class PartitionCore:
-    def __init__(self, store: PartitionStore, plans: PlanCache | None = None) -> None:
+    def __init__(self, store: PartitionStore, plans: PlanCache | None = None, *,
+                 check_target: TargetCheck = _no_tenant_checks) -> None:
         self.store = store
         self._plans = plans if plans is not None else PlanCache()
+        self._check_target = check_target
         # Stats for logs and benchmarks; never part of a decision.
         self.suppressed = 0
         self.stale_rejected = 0
@@ -290,6 +302,7 @@ class PartitionCore:
         (streams.engine.batch says why); the writes are numbered from ctx.seq, so a context
         whose seq is 0 gives the event ids a lone create's own context gives."""
         plan = plan_of(spec)
+        self._check_target(tenant, spec["target"])
         job: Record = {
             # Replaced by _save_job's envelope; only the tenant is read from it.
             "envelope": {"tenant": tenant},
@@ -326,6 +339,7 @@ class PartitionCore:
             raise PermanentError(f"job is at version {job['version']}, not {expected}",
                                  field="expected_version")
         plan = plan_of(cmd["spec"])
+        self._check_target(job["envelope"]["tenant"], cmd["spec"]["target"])
         self._settle_overdue(job, ctx)
         self._disarm(job)
         # Under `allow` the list may hold finished runs (see _finish); another policy reads it.

@@ -183,6 +183,14 @@ def _check_target(target: Any) -> None:
             if any(c in f"{name}{value}" for c in "\r\n\x00"):
                 raise PermanentError("header names and values can't hold CR, LF or NUL",
                                      field=f"target.headers.{name}")
+    elif "command" in target:
+        # Which commands exist and what their parameters take is the registry's to judge
+        # (streams.domain.commands), with the tenant: streams.guard.
+        if not isinstance(target["command"], str) or not target["command"]:
+            raise PermanentError("target.command must name a registered command",
+                                 field="target.command")
+        if target.get("timeout_s") is not None:
+            _finite(target["timeout_s"], "target.timeout_s", 0.001, 86_400)
     elif "argv" in target:
         if not target["argv"]:
             raise PermanentError("target.argv must not be empty", field="target.argv")

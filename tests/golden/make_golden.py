@@ -121,6 +121,20 @@ SPEC_COMMAND: Record = {
     "misfire": {"kind": "fire_all", "late_by_s": None, "fire_all_cap": INT_MAX},
     "overlap": "replace",
 }
+# v2 of the job commands and JobState: a command target names an operator-registered program.
+SPEC_REGISTERED: Record = {
+    "name": "nightly",
+    "schedule": ("kron.CronSchedule", {"expr": "0 2 * * *", "timezone": "Asia/Kolkata"}),
+    "target": (
+        "kron.RegisteredCommandTarget",
+        {"command": "reports.nightly", "args": {"day": "2026-12-01"},
+         "env": {"REPORT_FORMAT": "csv"}, "timeout_s": 600.0},
+    ),
+}
+SPEC_REGISTERED_MIN: Record = {
+    **SPEC_REGISTERED,
+    "target": ("kron.RegisteredCommandTarget", {"command": "x"}),
+}
 SPEC_KAFKA_FULL: Record = {
     **SPEC_KAFKA_MIN,
     "target": (
@@ -485,6 +499,24 @@ def _v1_samples() -> dict[str, list[Record]]:
     }
 
 
+def _v2_job_samples() -> dict[tuple[str, int], list[Record]]:
+    """v2 adds kron.RegisteredCommandTarget to the target union: v1's samples again (v2 writes
+    every v1 record alike) and one of each with a registered command, full and minimal."""
+    v1 = _v1_samples()
+    out: dict[tuple[str, int], list[Record]] = {}
+    for name in ("kron.commands.CreateJob", "kron.commands.UpdateJob", "kron.state.JobState"):
+        extra = [{**v1[name][0], "spec": SPEC_REGISTERED},
+                 {**v1[name][-1], "spec": SPEC_REGISTERED_MIN}]
+        out[(name, 2)] = [*v1[name], *extra]
+    out[("kron.commands.CreateJobs", 2)] = [
+        {"envelope": _env("job.create_many_requested", 1), "command_id": "cmd-1",
+         "jobs": [{"job_id": "job-1", "idempotency_key": "idem-1", "spec": SPEC_REGISTERED},
+                  {"job_id": "job-2", "idempotency_key": None, "spec": SPEC_REGISTERED_MIN},
+                  {"job_id": "job-3", "idempotency_key": None, "spec": SPEC_COMMAND}]},
+    ]
+    return out
+
+
 # Samples are pinned per (name, version): a golden file records what that version's producers
 # wrote, so later versions add their own entries rather than editing these.
 SAMPLES: dict[tuple[str, int], list[Record]] = {
@@ -497,6 +529,7 @@ SAMPLES: dict[tuple[str, int], list[Record]] = {
         {"envelope": _env("job.create_many_requested", 2, full=False), "command_id": "cmd-2",
          "jobs": []},
     ],
+    **_v2_job_samples(),
     ("kron.engine.Tick", 2): [
         {"envelope": _env("engine.ticked", 1), "partition": 0, "now_ms": T0,
          "fire_ahead_ms": 3_000},

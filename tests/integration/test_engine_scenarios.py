@@ -276,12 +276,11 @@ def test_long_attempt_heartbeats_past_its_lease(stack) -> None:
     assert len(beats) >= 3  # 5 s of work with a 2 s lease, a beat every 0.67 s
 
 
-def test_command_target_runs_a_subprocess_with_the_execution_env(stack, tmp_path) -> None:
+def test_command_target_runs_a_registered_command_with_the_execution_env(stack, tmp_path) -> None:
     job_id = new_job()
     out = tmp_path / "out.txt"
-    argv = ["/bin/sh", "-c", f'echo "$KRON_EXEC_ID $KRON_ATTEMPT" >> {out}']
     stack.commands.send("CreateJob", job_id, spec=spec(
-        target={"argv": argv, "env": {}, "cwd": None, "timeout_s": 10.0, "image": None},
+        target={"command": "test.append", "args": {"out": str(out)}, "timeout_s": 10.0},
         run_at_ms=now_ms()))
     final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
                                 if e["state"] == "succeeded"], 20)
@@ -292,13 +291,12 @@ def test_command_target_runs_a_subprocess_with_the_execution_env(stack, tmp_path
 def test_failing_command_is_retried_then_fails(stack) -> None:
     job_id = new_job()
     stack.commands.send("CreateJob", job_id, spec=spec(
-        target={"argv": ["/bin/sh", "-c", "exit 3"], "env": {}, "cwd": None,
-                "timeout_s": 10.0, "image": None},
+        target={"command": "test.exit", "args": {"code": "3"}, "timeout_s": 10.0},
         run_at_ms=now_ms(), retry={"max_attempts": 2, "base_s": 0.1, "max_s": 0.2}))
     final = wait_until(lambda: [e for e in states_of(stack, job_id).values()
                                 if e["state"] == "failed"], 20)
     assert final and final[0]["attempt"] == 2
-    assert final[0]["last_error"] == "command exited with 3"
+    assert final[0]["last_error"] == "command 'test.exit' exited with 3"
 
 
 def test_kafka_target_publishes_with_the_idempotency_key(stack) -> None:
@@ -307,7 +305,7 @@ def test_kafka_target_publishes_with_the_idempotency_key(stack) -> None:
     from kron.topics import admin_client
 
     job_id = new_job()
-    topic = stack.settings.topic("user-events")
+    topic = f"acme.user-events-{stack.settings.topic_prefix}"  # the tenant's own namespace
     admin = admin_client(stack.settings)  # kept alive until the future resolves
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
     stack.commands.send("CreateJob", job_id, spec=spec(

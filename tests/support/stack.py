@@ -35,6 +35,8 @@ class WorkerProcess:
             "KRON_MISFIRE_GRACE_S": str(settings.misfire_grace_s),
             "KRON_FIRE_AHEAD_S": str(settings.fire_ahead_s),
             "KRON_STANDBY_REPLICAS": str(settings.standby_replicas),
+            "KRON_KAFKA_TARGET_TOPICS": settings.kafka_target_topics,
+            "KRON_COMMANDS_FILE": str(settings.commands_file or ""),
             "PYTHONPATH": str(REPO),
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -102,7 +104,10 @@ def spec(*, target: dict[str, Any], cron: str | None = None, tz: str = "UTC",
     schedule = (("kron.CronSchedule", {"expr": cron, "timezone": tz}) if cron is not None
                 else ("kron.OneOffSchedule", {"run_at_ms": run_at_ms}))
     kind = ("kron.HttpTarget" if "url" in target else
+            "kron.RegisteredCommandTarget" if "command" in target else
             "kron.CommandTarget" if "argv" in target else "kron.KafkaTarget")
+    if kind == "kron.RegisteredCommandTarget":
+        target = {"args": {}, "env": {}, "timeout_s": None, **target}
     if kind == "kron.HttpTarget":
         target = {"method": "POST", "headers": {}, "body": None, "timeout_s": 5.0, **target}
     base: dict[str, Any] = {
@@ -166,6 +171,8 @@ class ApiProcess:
             "KRON_TENANT_RATE_PER_S": str(settings.tenant_rate_per_s),
             "KRON_TENANT_BURST": str(settings.tenant_burst),
             "KRON_TENANT_MAX_ACTIVE_JOBS": str(settings.tenant_max_active_jobs),
+            "KRON_KAFKA_TARGET_TOPICS": settings.kafka_target_topics,
+            "KRON_COMMANDS_FILE": str(settings.commands_file or ""),
             "PYTHONPATH": str(REPO),
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -27,6 +27,7 @@ from api.models import (
     upcoming,
 )
 from schemas.codec import decode, encode
+from streams.domain.commands import CommandRegistry
 from streams.engine.spec import plan_of
 from tests.support.stack import spec as stack_spec
 
@@ -54,7 +55,25 @@ def body(**overrides: Any) -> dict[str, Any]:
     return base
 
 
+# The operator's registry these tests create command targets against.
+COMMANDS = CommandRegistry.parse("""
+[commands."reports.nightly"]
+argv = ["/usr/local/bin/nightly", "--day", "{day}"]
+tenants = ["acme"]
+env = ["REPORT_LOCALE"]
+max_timeout_s = 900
+[commands."reports.nightly".params.day]
+pattern = '[0-9]{4}-[0-9]{2}-[0-9]{2}'
+[commands."cleanup"]
+argv = ["/usr/local/bin/cleanup"]
+tenants = ["*"]
+""")
+NIGHTLY = {"type": "command", "command": "reports.nightly", "args": {"day": "2026-12-01"}}
+
+
 def build(raw: dict[str, Any], *, allow_private: bool = False, **kw: Any) -> dict[str, Any]:
+    kw.setdefault("commands", COMMANDS)
+    kw.setdefault("tenant", "acme")
     return build_spec(parse_request(raw), now_ms=NOW, allow_private=allow_private, **kw)
 
 
@@ -80,16 +99,14 @@ def envelope(spec: dict[str, Any], idem: str | None = None) -> dict[str, Any]:
 
 
 def test_other_seed_shorthand_normalises_to_canonical() -> None:
-    shorthand = {"schedule": "0 2 * * *", "target": {"image": "reports:1.4"},
+    shorthand = {"schedule": "0 2 * * *", "target": {"command": "cleanup"},
                  "retry": {"max": 3, "backoff": "exp"}}
     spec = build(shorthand)
     assert spec == {
-        "name": "reports:1.4",
+        "name": "cleanup",
         "schedule": ("kron.CronSchedule", {"expr": "0 2 * * *", "timezone": "UTC"}),
-        # image-only: exactly the command the worker builds for an image, with no argv
-        "target": ("kron.CommandTarget", {"argv": ["docker", "run", "--rm", "reports:1.4"],
-                                          "env": {}, "cwd": None, "timeout_s": 300.0,
-                                          "image": None}),
+        "target": ("kron.RegisteredCommandTarget", {"command": "cleanup", "args": {},
+                                                    "env": {}, "timeout_s": None}),
         "retry": {"max_attempts": 3, "backoff": "exponential", "base_s": 1.0, "max_s": 300.0},
         "overlap": "allow",
         "misfire": {"kind": "fire_once", "late_by_s": None, "fire_all_cap": 100},
@@ -97,8 +114,8 @@ def test_other_seed_shorthand_normalises_to_canonical() -> None:
         "jitter_s": 0.0, "start_at_ms": None, "end_at_ms": None, "lease_s": 60.0,
         "metadata": {},
     }
-    canonical = {"name": "reports:1.4", "schedule": {"cron": "0 2 * * *", "timezone": "UTC"},
-                 "target": {"type": "command", "image": "reports:1.4", "argv": []},
+    canonical = {"name": "cleanup", "schedule": {"cron": "0 2 * * *", "timezone": "UTC"},
+                 "target": {"type": "command", "command": "cleanup", "args": {}},
                  "retry": {"max_attempts": 3, "backoff": "exponential"}}
     assert build(canonical) == spec
     assert spec_fingerprint(build(canonical)) == spec_fingerprint(spec)
@@ -111,9 +128,9 @@ def test_other_seed_shorthand_normalises_to_canonical() -> None:
     ({"url": URL, "method": "get"}, "kron.HttpTarget", {"method": "GET"}),
     ({"type": "HTTP", "url": URL}, "kron.HttpTarget", {"url": URL}),
     ({"topic": "reports.requested"}, "kron.KafkaTarget", {"topic": "reports.requested"}),
-    ({"argv": ["/bin/true"]}, "kron.CommandTarget", {"argv": ["/bin/true"], "image": None}),
-    ({"image": "ghcr.io/acme/r:1", "argv": ["run", "--all"]}, "kron.CommandTarget",
-     {"argv": ["run", "--all"], "image": "ghcr.io/acme/r:1"}),
+    ({"command": "cleanup"}, "kron.RegisteredCommandTarget", {"command": "cleanup"}),
+    ({"command": "reports.nightly", "args": {"day": "2026-12-01"}},
+     "kron.RegisteredCommandTarget", {"args": {"day": "2026-12-01"}, "timeout_s": None}),
 ])
 def test_target_type_is_inferred(target: dict[str, Any], record: str,
                                  expected: dict[str, Any]) -> None:
@@ -149,8 +166,7 @@ def test_concurrency_is_overlap(concurrency: str, overlap: str) -> None:
 @pytest.mark.parametrize(("target", "name"), [
     ({"url": "https://Example.com/a/b?q=1"}, "POST example.com/a/b"),
     ({"topic": "t.x"}, "kafka t.x"),
-    ({"argv": ["/usr/local/bin/backup", "--full"]}, "backup"),
-    ({"image": "reports:1.4", "argv": ["x"]}, "reports:1.4"),
+    ({"command": "cleanup"}, "cleanup"),
 ])
 def test_name_defaults_from_target(target: dict[str, Any], name: str) -> None:
     assert build(body(name=None, target=target))["name"] == name
@@ -189,9 +205,8 @@ FULL: dict[str, Any] = {
          target={"type": "kafka", "topic": "reports.requested", "key": "k", "value": "v",
                  "headers": {"h": "ü"}}),
     body(schedule={"run_at": "2026-06-03T00:00:00Z"}),
-    body(target={"type": "command", "argv": ["/usr/bin/env", "bash", "-c", "echo 'hi'"],
-                 "env": {"LANG": "C.UTF-8"}, "cwd": "/srv", "timeout_s": 600,
-                 "image": "ghcr.io/acme/cleanup:1.2"}, misfire="fire_all"),
+    body(target={**NIGHTLY, "env": {"REPORT_LOCALE": "de_DE"}, "timeout_s": 600},
+         misfire="fire_all"),
 ])
 def test_canonical_spec_encodes_and_round_trips(raw: dict[str, Any]) -> None:
     spec = build(raw)
@@ -399,7 +414,8 @@ def test_non_finite_numbers(bad: float, path: tuple[str, ...], field: str) -> No
     ({"lease_s": 86_401}, "lease_s"),
     ({"target": {"url": URL, "timeout_s": 0}}, "target.timeout_s"),
     ({"target": {"url": URL, "timeout_s": 3601}}, "target.timeout_s"),
-    ({"target": {"argv": ["x"], "timeout_s": 86_401}}, "target.timeout_s"),
+    ({"target": {**NIGHTLY, "timeout_s": 901}}, "target.timeout_s"),
+    ({"target": {**NIGHTLY, "timeout_s": 0}}, "target.timeout_s"),
 ])
 def test_out_of_range(override: dict[str, Any], field: str) -> None:
     assert invalid(body(**override)).field == field
@@ -571,23 +587,34 @@ def test_internal_topic_prefix_follows_settings() -> None:
 
 
 @pytest.mark.parametrize(("target", "field"), [
-    ({"type": "command"}, "target.argv"),
-    ({"argv": []}, "target.argv"),
-    ({"argv": [""]}, "target.argv.0"),
-    ({"argv": ["/bin/echo", "a\x00b"]}, "target.argv.1"),
-    ({"argv": ["x"] * 257}, "target.argv"),
-    ({"argv": ["x"], "env": {"1BAD": "v"}}, "target.env.1BAD"),
-    ({"argv": ["x"], "env": {"A=B": "v"}}, "target.env.A=B"),
-    ({"argv": ["x"], "env": {"A": "a\x00"}}, "target.env.A"),
-    ({"argv": ["x"], "env": {"KRON_JOB_ID": "spoof"}}, "target.env.KRON_JOB_ID"),
-    ({"argv": ["x"], "cwd": "relative/dir"}, "target.cwd"),
-    ({"argv": ["x"], "cwd": "/a\x00"}, "target.cwd"),
-    ({"image": "--privileged"}, "target.image"),
-    ({"image": "bad image"}, "target.image"),
-    ({"image": ""}, "target.image"),
+    ({"type": "command"}, "target.command"),
+    ({"command": ""}, "target.command"),
+    ({"command": "rm -rf /"}, "target.command"),
+    ({"command": "unknown.cmd"}, "target.command"),
+    ({"argv": ["/bin/sh", "-c", "env"]}, "target.argv"),
+    ({"command": "cleanup", "argv": ["/bin/sh"]}, "target.argv"),
+    ({"image": "alpine"}, "target.image"),
+    ({"command": "cleanup", "cwd": "/"}, "target.cwd"),
+    ({"command": "reports.nightly"}, "target.args.day"),
+    ({"command": "reports.nightly", "args": {"day": "2026-12-01; rm -rf /"}}, "target.args.day"),
+    ({"command": "reports.nightly", "args": {"day": "2026-12-01\n"}}, "target.args.day"),
+    ({**NIGHTLY, "args": {"day": "2026-12-01", "extra": "x"}}, "target.args.extra"),
+    ({**NIGHTLY, "env": {"LD_PRELOAD": "/tmp/x.so"}}, "target.env.LD_PRELOAD"),
+    ({**NIGHTLY, "env": {"PATH": "/tmp"}}, "target.env.PATH"),
+    ({**NIGHTLY, "env": {"REPORT_LOCALE": "a\x00"}}, "target.env.REPORT_LOCALE"),
 ])
 def test_bad_command_targets(target: dict[str, Any], field: str) -> None:
-    assert invalid(body(target=target)).field == field
+    err = invalid(body(target=target))
+    assert err.field == field
+    assert field in err.message
+
+
+def test_command_targets_are_per_tenant_and_off_without_a_registry() -> None:
+    assert build(body(target={"command": "cleanup"}), tenant="globex")
+    err = invalid(body(target=NIGHTLY), tenant="globex")
+    assert err.field == "target.command" and "not granted to tenant 'globex'" in err.message
+    off = invalid(body(target={"command": "cleanup"}), commands=CommandRegistry())
+    assert off.field == "target.command" and "KRON_COMMANDS_FILE" in off.message
 
 
 # --- body, metadata, name, idempotency key -----------------------------------------------------
@@ -645,7 +672,7 @@ def test_several_errors_are_reported() -> None:
 
 SPECS = [build(FULL), build(body()), build(body(schedule=None, run_at="2026-06-02T00:00:00Z",
                                                  target={"topic": "t", "value": "v"})),
-         build({"schedule": "0 2 * * *", "target": {"image": "reports:1.4"}})]
+         build({"schedule": "0 2 * * *", "target": NIGHTLY})]
 
 
 def shuffled(value: Any, rnd: random.Random) -> Any:
@@ -820,8 +847,13 @@ def test_patch_target() -> None:
     swapped = patch(spec, {"target": {"type": "kafka", "topic": "reports"}})
     assert swapped["target"] == ("kron.KafkaTarget", {"topic": "reports", "key": None,
                                                       "value": None, "headers": {}})
-    inferred = patch(spec, {"target": {"argv": ["/bin/true"]}})
-    assert inferred["target"][0] == "kron.CommandTarget"
+    inferred = patch(spec, {"target": {"command": "cleanup"}}, commands=COMMANDS,
+                     tenant="acme")
+    assert inferred["target"][0] == "kron.RegisteredCommandTarget"
+    args = patch(build(body(target=NIGHTLY)), {"target": {"args": {"day": "2027-01-02"}}},
+                 commands=COMMANDS, tenant="acme")
+    assert args["target"][1]["args"] == {"day": "2027-01-02"}
+    assert patch_error(spec, {"target": {"argv": ["/bin/true"]}}).field == "target.argv"
     assert patch_error(spec, {"target": {"url": "http://127.0.0.1/"}}).field == "target.url"
     assert patch_error(spec, {"target": {"topic": "x", "type": "http"}}).field == "target.topic"
     assert patch_error(spec, {"target": {"urll": URL}}).field == "target.urll"

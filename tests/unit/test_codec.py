@@ -724,8 +724,14 @@ def test_unvalidated_codec_still_rejects_unknown_fields() -> None:
 # --- schema evolution ---------------------------------------------------------------------------
 
 
+# The test-only version follows the newest committed one.
+NEXT = REGISTRY.latest(names.CREATE_JOB).version + 1
+REGISTRY_CODEC = Codec(REGISTRY)
+
+
 def _registry_with_create_job_v2(directory: Path) -> SchemaRegistry:
-    """Committed schemas plus a test-only CreateJob v2 that adds fields with defaults."""
+    """Committed schemas plus a test-only next CreateJob version that adds fields with
+    defaults to v1."""
     for path in AVRO_DIR.glob("*.avsc"):
         (directory / path.name).write_bytes(path.read_bytes())
     v2 = copy.deepcopy(json.loads((AVRO_DIR / "kron.commands.CreateJob.v1.avsc").read_text()))
@@ -734,19 +740,20 @@ def _registry_with_create_job_v2(directory: Path) -> SchemaRegistry:
     spec["fields"].append(
         {"name": "labels", "type": {"type": "array", "items": "string"}, "default": []}
     )
-    (directory / "kron.commands.CreateJob.v2.avsc").write_text(json.dumps(v2))
+    (directory / f"kron.commands.CreateJob.v{NEXT}.avsc").write_text(json.dumps(v2))
     return SchemaRegistry.from_directory(directory)
 
 
 def test_v1_bytes_resolve_to_the_v2_reader(tmp_path: Path) -> None:
     codec = Codec(_registry_with_create_job_v2(tmp_path))
-    assert codec.registry.latest(names.CREATE_JOB).version == 2
+    assert codec.registry.latest(names.CREATE_JOB).version == NEXT
     record = SAMPLES[(names.CREATE_JOB, 1)][0]
     v1_bytes = codec.encode(names.CREATE_JOB, record, version=1)
-    assert v1_bytes == encode(names.CREATE_JOB, record)  # same bytes the committed v1 writes
+    # the same bytes the committed v1 writes
+    assert v1_bytes == REGISTRY_CODEC.encode(names.CREATE_JOB, record, version=1)
 
     upgraded = codec.decode(v1_bytes)
-    assert (upgraded.version, upgraded.reader_version) == (1, 2)
+    assert (upgraded.version, upgraded.reader_version) == (1, NEXT)
     assert upgraded.record["priority"] == 5
     assert upgraded.record["spec"]["labels"] == []
     _assert_contains(record, upgraded.record)
@@ -756,9 +763,9 @@ def test_v2_bytes_resolve_to_a_pinned_v1_reader(tmp_path: Path) -> None:
     codec = Codec(_registry_with_create_job_v2(tmp_path))
     record = {**SAMPLES[(names.CREATE_JOB, 1)][1], "priority": 9}
     v2_bytes = codec.encode(names.CREATE_JOB, record)
-    assert v2_bytes[2:10] == codec.registry.get(names.CREATE_JOB, 2).fingerprint
+    assert v2_bytes[2:10] == codec.registry.get(names.CREATE_JOB, NEXT).fingerprint
     old = codec.decode(v2_bytes, names.CREATE_JOB, reader_version=1)
-    assert (old.version, old.reader_version) == (2, 1)
+    assert (old.version, old.reader_version) == (NEXT, 1)
     assert "priority" not in old.record and "labels" not in old.record["spec"]
     # A process that only knows v1 cannot even identify v2 bytes: deploy readers first.
     assert _reason(v2_bytes) == "unknown_fingerprint"

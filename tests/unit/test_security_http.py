@@ -33,7 +33,8 @@ from streams.netguard import IPAddress
 from streams.targets import AttemptInfo, HttpRunner, Outcome
 
 PUBLIC = "93.184.215.14"
-INFO = AttemptInfo(exec_id="e1", job_id="j1", tenant="acme", scheduled_for_iso="2026-01-01T00:00:00Z",
+INFO = AttemptInfo(exec_id="e1", job_id="j1", tenant="acme",
+                   scheduled_for_iso="2026-01-01T00:00:00Z",
                    attempt=1, fencing_token=1, now_ms=0)
 
 

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from bench.cli import bench_app
 from kron.errors import SetupError
 from kron.jobs_cli import jobs_app
 from kron.settings import Settings
@@ -27,7 +26,6 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(dev_app, name="dev")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(replay_app, name="replay")
-app.add_typer(bench_app, name="bench")
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -35,6 +33,40 @@ app.add_typer(keys_app, name="keys")
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
+
+
+BENCH_MISSING = (
+    "`kron bench` is not part of this installation: it needs the repository's bench/ "
+    "package, which the container image (Dockerfile) does not copy. Run it from a checkout: "
+    "`make setup`, then `.venv/bin/kron bench --help`."
+)
+
+
+def _add_bench(parent: typer.Typer) -> None:
+    """Register `kron bench` from bench/ when it is installed (a checkout, `make setup`).
+
+    The image copies only kron, streams, schemas, api and replay, so there `kron bench` is a
+    stub that says where to find it: every other command must start without bench/.
+    """
+    try:
+        from bench.cli import bench_app
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench":
+            raise  # bench/ is there but broken: show it, don't hide it behind the stub
+    else:
+        parent.add_typer(bench_app, name="bench")
+        return
+
+    @parent.command(
+        "bench", add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def bench_missing() -> None:
+        """Not in this installation: needs the repository's bench/ (run it from a checkout)."""
+        _fail(RuntimeError(BENCH_MISSING))
+
+
+_add_bench(app)
 
 
 @app.command()

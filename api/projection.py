@@ -37,11 +37,12 @@ from kron.settings import Settings
 from schemas import codec
 from schemas.errors import DecodeError
 from streams.domain.fencing import EpochFence, epoch_of_headers
+from streams.domain.states import ExecutionStatus, JobStatus, Trigger
 
 log = logging.getLogger("kron.projection")
 
 INVERT = (1 << 63) - 1
-ACTIVE_JOB = ("active", "paused")
+ACTIVE_JOB = JobStatus.LIVE
 
 
 def jsonable(value: Any) -> Any:
@@ -208,7 +209,7 @@ def apply_execution(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
     started = [a["started_at_ms"] for a in rec["attempts"]]
     view["started_at_ms"] = started[0] if started else None
     view["finished_at_ms"] = (rec["attempts"][-1]["finished_at_ms"]
-                              if rec["state"] in ("succeeded", "failed", "cancelled")
+                              if rec["state"] in ExecutionStatus.RAN
                               and rec["attempts"] else None)
     view["lateness_ms"] = (view["started_at_ms"] - rec["scheduled_for_ms"]
                            if started else None)
@@ -220,7 +221,7 @@ def apply_execution(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
             _count(batch, tenant, old_state, -1)
         _count(batch, tenant, rec["state"], +1)
     job = batch.get(_k("j", rec["job_id"]))
-    if job is not None and rec["trigger"] != "backfill":
+    if job is not None and rec["trigger"] != Trigger.BACKFILL:
         last = job.get("last_run")
         if last is None or last["scheduled_for_ms"] <= rec["scheduled_for_ms"]:
             job["last_run"] = {"exec_id": exec_id, "state": rec["state"],

@@ -60,6 +60,7 @@ from typing import Any
 from streams.domain.errors import PermanentError
 from streams.domain.policies import MisfireKind
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
+from streams.domain.states import ExecutionStatus, JobStatus, Trigger
 from streams.engine.backfill import RERUN_STARTED, RERUNNABLE
 from streams.engine.core import PACE_MS
 from streams.engine.spec import JobPlan, plan_of
@@ -74,7 +75,7 @@ STALE_TOKEN = "stale_token"
 CURSOR_BACKWARDS = "cursor_backwards"
 KINDS = (DUPLICATE_TRIGGER, LOST_SLOT, ATTEMPTS_OVER_POLICY, STALE_TOKEN, CURSOR_BACKWARDS)
 
-SLOT_TRIGGERS = frozenset({"schedule", "misfire", "backfill"})
+SLOT_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MISFIRE, Trigger.BACKFILL})
 DEFAULT_GRACE_MS = 10_000
 MAX_SLOTS_PER_JOB = 100_000
 
@@ -251,7 +252,8 @@ def _check_execution(rec: Record, idx: int, seen: _ExecSeen | None, out: _Findin
             before = seen.outcomes.get(n)
             if outcome is None or (before is not None and before[0] == outcome):
                 continue
-            if not (prev_state == "running" and prev_attempt == n and prev_token == tok):
+            if not (prev_state == ExecutionStatus.RUNNING and prev_attempt == n
+                    and prev_token == tok):
                 report(STALE_TOKEN,
                        f"attempt {n} outcome {outcome!r} (token {tok}) recorded while the "
                        f"execution was {prev_state} with token {prev_token}, attempt "
@@ -368,7 +370,7 @@ class _SlotCheck:
     def judge_pair(self, plan: JobPlan, a: Record, b: Record) -> None:
         """Slots of a's spec that the transition to b shows were passed."""
         start = a.get("next_run_at_ms")
-        if start is None or a.get("status") not in ("active", "paused"):
+        if start is None or a.get("status") not in JobStatus.LIVE:
             return
         b_next: int | None = b.get("next_run_at_ms")
         # Same spec and still armed: the series goes on from b's armed slot.
@@ -407,7 +409,7 @@ class _SlotCheck:
         self.checked.add(s)
         if self.slots.get((self.job_id, s)) or s in self.reported:
             return
-        alive = self.final.get("status") != "deleted"
+        alive = self.final.get("status") != JobStatus.DELETED
         if alive and self.final.get("queued_slot_ms") == s:
             return  # buffered by overlap=queue; starts when the running one finishes
         if alive and paced_until is not None and self.now_ms < paced_until + self.grace_ms:
@@ -429,7 +431,7 @@ def _virtual_creation(first: Record, plan: JobPlan) -> Record | None:
     created = int(first["created_at_ms"])
     after = -1 if isinstance(plan.schedule, OneOffSchedule) else created - 1
     slot = _next(plan, after)
-    return {**first, "status": "active", "cursor_ms": None, "updated_at_ms": created,
+    return {**first, "status": JobStatus.ACTIVE, "cursor_ms": None, "updated_at_ms": created,
             "next_run_at_ms": slot.scheduled_for_ms if slot else None,
             "envelope": {**(first.get("envelope") or {}), "event_type": "job.created"}}
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from streams.domain.policies import MAX_ATTEMPTS_LIMIT
 from streams.domain.schedule import Slot, bounded_next_slot
+from streams.domain.states import ExecutionStatus
 from streams.engine.spec import JobPlan
 
 # Slots one event arms for a backfill; the rest of the range waits in a page timer. The same
@@ -25,7 +26,7 @@ from streams.engine.spec import JobPlan
 BACKFILL_PAGE = 10_000
 # Final states a backfill with `rerun` runs again. Not `cancelled`: a cancel was a decision
 # (a delete, a replace, a pause), and the executor remembers cancelled ids.
-RERUNNABLE = frozenset({"failed", "missed", "skipped"})
+RERUNNABLE = ExecutionStatus.RERUNNABLE
 # An execution holds every attempt it made; reruns stop adding attempts here (retries and
 # reruns together): twice what a retry policy may allow.
 MAX_ATTEMPTS_WITH_RERUNS = 2 * MAX_ATTEMPTS_LIMIT

@@ -14,10 +14,11 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
+from schemas.envelope import make_envelope
 from streams.domain.cursor import advance_cursor
 from streams.domain.errors import PermanentError
 from streams.domain.ids import event_id, exec_id, manual_exec_id
@@ -25,6 +26,7 @@ from streams.domain.misfire import MissReason, resolve_misfire
 from streams.domain.policies import MisfireKind, Overlap
 from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
+from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Trigger
 from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
 from streams.domain.timer import encode_timer_key as timer_key
 from streams.engine import backfill
@@ -37,7 +39,7 @@ MISFIRE_GRACE_MS = 5_000
 # A worker down for a day must not enumerate a per-second cron's 86,400 slots in one event.
 MAX_LATE_SLOTS = 10_000
 # Triggers that start a slot of the job's own schedule (not manual runs, not backfills).
-SCHEDULE_TRIGGERS = frozenset({"schedule", "misfire"})
+SCHEDULE_TRIGGERS = Trigger.OWN_SCHEDULE
 # Paced re-fires (fire_all, backfill) go out at most this often per job.
 PACE_MS = 100
 # The type, and ref prefix, of the FIRE timer holding the rest of a backfill's range.
@@ -51,6 +53,30 @@ HOT_CREATE_MS = 60_000
 # `allow` jobs drop finished runs from `running` when it grows past this, not at every
 # finish: that saves a job write per execution (see _finish).
 RUNNING_PRUNE_AT = 16
+
+# The states the core reads and writes, bound to module names: on Python 3.11 each read of
+# an enum class's attribute goes through EnumType's __getattr__ hook (~70 ns, a global ~10),
+# and a decision reads a dozen. The members themselves: records hold the same values.
+QUEUED: Final = ExecutionStatus.QUEUED
+RUNNING: Final = ExecutionStatus.RUNNING
+RETRY_PENDING: Final = ExecutionStatus.RETRY_PENDING
+SUCCEEDED: Final = ExecutionStatus.SUCCEEDED
+FAILED: Final = ExecutionStatus.FAILED
+SKIPPED: Final = ExecutionStatus.SKIPPED
+MISSED: Final = ExecutionStatus.MISSED
+CANCELLED: Final = ExecutionStatus.CANCELLED
+JOB_ACTIVE: Final = JobStatus.ACTIVE
+JOB_PAUSED: Final = JobStatus.PAUSED
+JOB_COMPLETED: Final = JobStatus.COMPLETED
+JOB_DELETED: Final = JobStatus.DELETED
+LIVE_JOB: Final = JobStatus.LIVE
+BY_SCHEDULE: Final = Trigger.SCHEDULE
+BY_MANUAL: Final = Trigger.MANUAL
+BY_BACKFILL: Final = Trigger.BACKFILL
+BY_MISFIRE: Final = Trigger.MISFIRE
+# A plain str: an attempt's outcome is an Avro string, which the compiled writer takes only
+# as `str` itself (schemas/writer.py).
+OUTCOME_SUCCEEDED: Final = AttemptOutcome.SUCCEEDED.value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -190,39 +216,26 @@ class PartitionCore:
     def _plan(self, job: Record) -> JobPlan:
         return self._plans.plan(job)
 
-    # --- envelopes ---------------------------------------------------------------------------
-
-    def _envelope(self, ctx: Context, *, tenant: str, event_type: str, eid: str,
-                  correlation: str | None) -> Record:
-        return {
-            "event_id": eid,
-            "event_type": event_type,
-            "schema_version": 1,
-            "occurred_at_ms": ctx.now_ms,
-            "tenant": tenant,
-            "causation_id": ctx.causation_id,
-            "correlation_id": correlation,
-            "producer": ctx.worker,
-        }
+    # --- saving ------------------------------------------------------------------------------
 
     def _save_job(self, ctx: Context, job: Record, event_type: str, *,
                   cache: bool = True) -> None:
         job["updated_at_ms"] = ctx.now_ms
         job["owner_epoch"] = ctx.epoch
-        job["envelope"] = self._envelope(
-            ctx, tenant=job["envelope"]["tenant"], event_type=event_type,
-            eid=event_id(job["job_id"], event_type, ctx.causation_id, ctx.next_seq()),
-            correlation=job["job_id"])
+        job["envelope"] = make_envelope(
+            event_id=event_id(job["job_id"], event_type, ctx.causation_id, ctx.next_seq()),
+            event_type=event_type, occurred_at_ms=ctx.now_ms, tenant=job["envelope"]["tenant"],
+            causation_id=ctx.causation_id, correlation_id=job["job_id"], producer=ctx.worker)
         self.store.put_job(job, cache=cache)
 
     def _save_exec(self, ctx: Context, ex: Record, event_type: str) -> None:
         ex["updated_at_ms"] = ctx.now_ms
         ex["owner_epoch"] = ctx.epoch
-        ex["envelope"] = self._envelope(
-            ctx, tenant=ex["envelope"]["tenant"], event_type=event_type,
-            eid=event_id(ex["exec_id"], event_type, ex["attempt"], ctx.causation_id,
-                         ctx.next_seq()),
-            correlation=ex["job_id"])
+        ex["envelope"] = make_envelope(
+            event_id=event_id(ex["exec_id"], event_type, ex["attempt"], ctx.causation_id,
+                              ctx.next_seq()),
+            event_type=event_type, occurred_at_ms=ctx.now_ms, tenant=ex["envelope"]["tenant"],
+            causation_id=ctx.causation_id, correlation_id=ex["job_id"], producer=ctx.worker)
         self.store.put_execution(ex)
 
     # --- commands ----------------------------------------------------------------------------
@@ -257,7 +270,7 @@ class PartitionCore:
         if kind == "CreateJob":
             self._create(cmd, job, ctx)
             return ctx.effects
-        if job is None or job["status"] == "deleted":
+        if job is None or job["status"] == JOB_DELETED:
             raise PermanentError(f"no job {cmd['job_id']!r}", field="job_id")
         # Before the command changes the spec or prunes `running`; saved with its job write.
         self._restart_lost_start(job, ctx)
@@ -308,7 +321,7 @@ class PartitionCore:
             "envelope": {"tenant": tenant},
             "job_id": job_id,
             "version": 1,
-            "status": "active",
+            "status": JOB_ACTIVE,
             "spec": spec,
             "created_at_ms": ctx.now_ms,
             "updated_at_ms": ctx.now_ms,
@@ -346,8 +359,8 @@ class PartitionCore:
         self._prune_running(job)
         job["spec"] = cmd["spec"]
         job["version"] += 1
-        if job["status"] == "completed":
-            job["status"] = "active"
+        if job["status"] == JOB_COMPLETED:
+            job["status"] = JOB_ACTIVE
         after = job["cursor_ms"] if job["cursor_ms"] is not None else -1
         if not isinstance(plan.schedule, OneOffSchedule):
             after = max(after, ctx.now_ms - 1)
@@ -359,8 +372,8 @@ class PartitionCore:
         # The fire timer stays armed: each slot that falls due while paused is recorded as
         # skipped("paused") when its time comes, so no slot goes silently missing.
         early = [e for e in job["running"] if self._decided_early(e, ctx)]
-        if job["status"] == "active" or early:
-            job["status"] = "paused"
+        if job["status"] == JOB_ACTIVE or early:
+            job["status"] = JOB_PAUSED
         # A slot decided ahead whose time has not come is not called: a pause means no
         # scheduled run starts after it. (A one-off is already "completed" once decided.)
         for ex_id in early:
@@ -371,13 +384,13 @@ class PartitionCore:
             return False
         ex = self.store.execution(ex_id)
         # Decided before its due time (not merely fired at it), and that time still ahead.
-        return (ex is not None and ex["state"] == "running" and ex["attempt"] == 1
-                and ex["trigger"] == "schedule"
+        return (ex is not None and ex["state"] == RUNNING and ex["attempt"] == 1
+                and ex["trigger"] == BY_SCHEDULE
                 and ex["created_at_ms"] < ex["due_at_ms"] and ex["due_at_ms"] > ctx.now_ms)
 
     def _resume(self, cmd: Record, job: Record, ctx: Context) -> None:
-        if job["status"] == "paused":
-            job["status"] = "active" if job["next_run_at_ms"] is not None else "completed"
+        if job["status"] == JOB_PAUSED:
+            job["status"] = JOB_ACTIVE if job["next_run_at_ms"] is not None else JOB_COMPLETED
 
     def _settle_overdue(self, job: Record, ctx: Context) -> None:
         """Slots already due are settled first, as the tick that should have come before this
@@ -394,12 +407,12 @@ class PartitionCore:
     def _delete(self, cmd: Record, job: Record, ctx: Context) -> None:
         self._settle_overdue(job, ctx)
         self._disarm(job)
-        job["status"] = "deleted"
+        job["status"] = JOB_DELETED
         job["next_run_at_ms"] = None
         if job["queued_slot_ms"] is not None:
             slot = Slot(scheduled_for_ms=job["queued_slot_ms"], dst_outcome=None)
             job["queued_slot_ms"] = None
-            self._record_outcome(job, slot, ctx, state="skipped", reason="job deleted")
+            self._record_outcome(job, slot, ctx, state=SKIPPED, reason="job deleted")
         for ex_id in list(job["running"]):
             self._cancel(ex_id, job, ctx, reason="job deleted")
 
@@ -407,7 +420,7 @@ class PartitionCore:
         ex_id = manual_exec_id(job["job_id"], cmd["command_id"])
         self._start_execution(job, self._plan(job), ctx, ex_id=ex_id,
                               slot=Slot(scheduled_for_ms=ctx.now_ms, dst_outcome=None),
-                              trigger="manual")
+                              trigger=BY_MANUAL)
 
     def _backfill(self, cmd: Record, job: Record, ctx: Context) -> None:
         """Every slot of the job's schedule in [from, to], paced (streams.engine.backfill
@@ -448,7 +461,7 @@ class PartitionCore:
                 ex = self.store.execution(exec_id(job["job_id"], slot.scheduled_for_ms))
                 if ex is not None and backfill.may_rerun(ex):
                     rerun_of = ex["attempt"]
-            self._put_paced(job, slot, due, "backfill", rerun_of=rerun_of)
+            self._put_paced(job, slot, due, BY_BACKFILL, rerun_of=rerun_of)
             slot = backfill.next_slot(plan, slot.scheduled_for_ms, to_ms)
 
     # --- timers ------------------------------------------------------------------------------
@@ -467,8 +480,8 @@ class PartitionCore:
         """Exactly one future occurrence per active job sits in the timer table."""
         if slot is None:
             job["next_run_at_ms"] = None
-            if job["status"] == "active":
-                job["status"] = "completed"
+            if job["status"] == JOB_ACTIVE:
+                job["status"] = JOB_COMPLETED
             return
         job["next_run_at_ms"] = slot.scheduled_for_ms
         timer: Record = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "v": job["version"]}
@@ -483,7 +496,7 @@ class PartitionCore:
             self.store.delete_timer(self._fire_key(job, job["next_run_at_ms"], plan))
             job["next_run_at_ms"] = None
 
-    def _put_paced(self, job: Record, slot: Slot, due_ms: int, trigger: str, *,
+    def _put_paced(self, job: Record, slot: Slot, due_ms: int, trigger: Trigger, *,
                    rerun_of: int | None = None) -> None:
         key = timer_key(due_ms=due_ms, kind=TimerKind.FIRE, job_id=job["job_id"],
                         ref=f"{trigger}:{slot.scheduled_for_ms}")
@@ -538,7 +551,7 @@ class PartitionCore:
         if not data.get("e"):
             return False
         job = self.store.job(tk.job_id)
-        if (job is None or job["status"] != "active" or data["v"] != job["version"]
+        if (job is None or job["status"] != JOB_ACTIVE or data["v"] != job["version"]
                 or job["next_run_at_ms"] != data["s"]):
             return False
         if job["running"] and self._plan(job).overlap != Overlap.ALLOW:
@@ -576,7 +589,7 @@ class PartitionCore:
         ex = self.store.execution(tk.ref)
         if ex is None or ex["attempt"] != data["a"]:
             return
-        if tk.kind == TimerKind.RETRY and ex["state"] == "retry_pending":
+        if tk.kind == TimerKind.RETRY and ex["state"] == RETRY_PENDING:
             self._next_attempt(job, ex, ctx)
 
     def _mend_torn_fire(self, job: Record, slot: Slot, version: int, ctx: Context) -> None:
@@ -598,7 +611,7 @@ class PartitionCore:
         Behind it or of another version, the executions the job lists as running get their
         lease or retry timers again too: lost timer writes leave a started execution
         unwatched."""
-        if job["status"] == "deleted":
+        if job["status"] == JOB_DELETED:
             return
         t, nxt = slot.scheduled_for_ms, job["next_run_at_ms"]
         if version == job["version"]:
@@ -621,7 +634,7 @@ class PartitionCore:
           check-and-set starts nothing) and moves the job on, to its next slot or, for a
           one-off, to completed."""
         job = self.store.job(job_id)
-        if job is None or job["status"] == "deleted":
+        if job is None or job["status"] == JOB_DELETED:
             return
         nxt = job["next_run_at_ms"]
         if started and nxt != scheduled_for_ms:
@@ -659,14 +672,14 @@ class PartitionCore:
     def _decide_again(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context) -> None:
         """A slot whose decision was lost, judged as _fire_scheduled judges one, except that
         the job's next slot stays where it is."""
-        if job["status"] == "paused":
-            self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
+        if job["status"] == JOB_PAUSED:
+            self._record_outcome(job, slot, ctx, state=SKIPPED, reason="paused")
             return
         due = apply_jitter(slot.scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
         if ctx.now_ms - max(due, job["created_at_ms"]) > ctx.misfire_grace_ms:
             self._misfire(job, plan, [slot], ctx)
         else:
-            self._on_slot(job, plan, slot, ctx, trigger="schedule")
+            self._on_slot(job, plan, slot, ctx, trigger=BY_SCHEDULE)
 
     def _catch_up(self, job: Record, slot: Slot, ctx: Context) -> None:
         """Decide the slots a lost job write left undecided, then `slot` (see _mend_torn_fire)."""
@@ -705,7 +718,7 @@ class PartitionCore:
         A read, and nothing more, when state is whole. True if it started one (the caller
         saves the job)."""
         cursor = job["cursor_ms"]
-        if cursor is None or job["status"] == "deleted":
+        if cursor is None or job["status"] == JOB_DELETED:
             return False
         ex_id = exec_id(job["job_id"], cursor)
         if (ex_id not in job["running"] or self.store.known_terminal(ex_id)
@@ -714,13 +727,13 @@ class PartitionCore:
         _discard(job["running"], ex_id)
         self._start_execution(job, self._plan(job), ctx, ex_id=ex_id,
                               slot=Slot(scheduled_for_ms=cursor, dst_outcome=None),
-                              trigger="schedule")
+                              trigger=BY_SCHEDULE)
         return True
 
     def _rearm_next(self, job: Record) -> None:
         """Put the job's own FIRE timer again (the same key: a no-op if it is there)."""
         nxt = job["next_run_at_ms"]
-        if nxt is None or job["status"] not in ("active", "paused"):
+        if nxt is None or job["status"] not in LIVE_JOB:
             return
         plan = self._plan(job)
         owed = self._slot_from(plan, nxt)
@@ -761,9 +774,9 @@ class PartitionCore:
         """Make sure a live attempt is watched by its timer. A crash between an event's
         writes can make the execution durable without its lease or retry timer; the event
         redelivered after the crash (or the attempt's lease timer) ends up here."""
-        if ex["state"] == "running":
+        if ex["state"] == RUNNING:
             self._lease(ex, ctx)
-        elif ex["state"] == "retry_pending":
+        elif ex["state"] == RETRY_PENDING:
             self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
 
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
@@ -776,7 +789,7 @@ class PartitionCore:
                 self._mend_lost_start(entry[2], entry[3], ctx, started=ex is not None)
             if ex is None or ex["attempt"] != attempt:
                 continue  # retried since: a later timer watches the newer attempt
-            if ex["state"] == "running" and ex["lease_until_ms"] <= ctx.now_ms:
+            if ex["state"] == RUNNING and ex["lease_until_ms"] <= ctx.now_ms:
                 self._expire(ex, ctx, why="the worker stopped heartbeating")
             else:
                 # Extended by heartbeats: look again then. Retry pending: its retry timer
@@ -796,7 +809,7 @@ class PartitionCore:
             if self.store.known_terminal(ex_id, attempt):
                 continue
             ex = self.store.execution(ex_id)
-            if (ex is None or ex["attempt"] != attempt or ex["state"] != "running"
+            if (ex is None or ex["attempt"] != attempt or ex["state"] != RUNNING
                     or ex["attempts"][-1]["started_at_ms"] != due_ms):
                 continue
             self._expire(ex, ctx, why="the worker holding the call stopped before its due time")
@@ -815,7 +828,7 @@ class PartitionCore:
     def _fire_scheduled(self, job: Record, slot: Slot, ctx: Context, *,
                         not_before_ms: int = 0) -> None:
         plan = self._plan(job)
-        paused = job["status"] == "paused"
+        paused = job["status"] == JOB_PAUSED
         # Late is measured from the jittered due time, and never from before the job existed
         # (a one-off created with a past run_at is due, not late: the API judged the skew).
         due = apply_jitter(slot.scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
@@ -834,9 +847,9 @@ class PartitionCore:
         self._arm(job, plan, nxt)
         if paused:
             for s in late:
-                self._record_outcome(job, s, ctx, state="skipped", reason="paused")
+                self._record_outcome(job, s, ctx, state=SKIPPED, reason="paused")
         elif not overdue:
-            self._on_slot(job, plan, slot, ctx, trigger="schedule", not_before_ms=not_before_ms)
+            self._on_slot(job, plan, slot, ctx, trigger=BY_SCHEDULE, not_before_ms=not_before_ms)
         else:
             self._misfire(job, plan, late, ctx, more=more)
         self._save_job(ctx, job, "job.slot_fired")
@@ -864,39 +877,39 @@ class PartitionCore:
                    else MissReason.FIRE_ALL_CAP)
             fire, missed = [], [(s, str(why)) for s in late]
         for slot, reason in missed:
-            self._record_outcome(job, slot, ctx, state="missed", reason=reason)
+            self._record_outcome(job, slot, ctx, state=MISSED, reason=reason)
         if plan.misfire.kind == MisfireKind.FIRE_ALL:
             for i, slot in enumerate(fire):
-                self._put_paced(job, slot, ctx.now_ms + i * PACE_MS, "misfire")
+                self._put_paced(job, slot, ctx.now_ms + i * PACE_MS, BY_MISFIRE)
             return
         for slot in fire:
-            self._on_slot(job, plan, slot, ctx, trigger="misfire")
+            self._on_slot(job, plan, slot, ctx, trigger=BY_MISFIRE)
 
-    def _fire_paced(self, job: Record, slot: Slot, trigger: str, ctx: Context, *,
+    def _fire_paced(self, job: Record, slot: Slot, trigger: Trigger, ctx: Context, *,
                     rerun_of: int | None = None) -> None:
-        if job["status"] == "deleted":
+        if job["status"] == JOB_DELETED:
             # Its turn came after the delete: recorded, not silently dropped.
-            self._record_outcome(job, slot, ctx, state="skipped", reason="job deleted")
-        elif job["status"] == "paused" and trigger == "misfire":
+            self._record_outcome(job, slot, ctx, state=SKIPPED, reason="job deleted")
+        elif job["status"] == JOB_PAUSED and trigger == BY_MISFIRE:
             # Paused before its paced turn came: it starts no run, like any slot while paused.
-            self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
+            self._record_outcome(job, slot, ctx, state=SKIPPED, reason="paused")
         else:
             self._on_slot(job, self._plan(job), slot, ctx, trigger=trigger, rerun_of=rerun_of)
         self._save_job(ctx, job, "job.slot_fired")
 
-    def _record_outcome(self, job: Record, slot: Slot, ctx: Context, *, state: str,
+    def _record_outcome(self, job: Record, slot: Slot, ctx: Context, *, state: ExecutionStatus,
                         reason: str) -> None:
         ex_id = exec_id(job["job_id"], slot.scheduled_for_ms)
         if self.store.execution(ex_id) is not None:
             self._suppress(job, ex_id, slot, ctx, f"{state} outcome for a slot already recorded")
             return
-        ex = self._new_execution(job, ex_id, slot, ctx, trigger="schedule")
+        ex = self._new_execution(job, ex_id, slot, ctx, trigger=BY_SCHEDULE)
         ex["state"] = state
         ex["reason"] = reason
         self._save_exec(ctx, ex, f"execution.{state}")
 
     def _on_slot(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context, *,
-                 trigger: str, not_before_ms: int = 0, rerun_of: int | None = None) -> None:
+                 trigger: Trigger, not_before_ms: int = 0, rerun_of: int | None = None) -> None:
         """Apply the overlap policy to a slot that is due now (a backfill's rerun too)."""
         if job["running"] and plan.overlap != Overlap.ALLOW:
             # An execution whose finish was durable but whose job write was lost (a crash
@@ -905,13 +918,13 @@ class PartitionCore:
             self._prune_running(job)
         running = job["running"]
         if running and plan.overlap == Overlap.SKIP_IF_RUNNING:
-            self._record_outcome(job, slot, ctx, state="skipped", reason="overlap: running")
+            self._record_outcome(job, slot, ctx, state=SKIPPED, reason="overlap: running")
             return
         if running and plan.overlap == Overlap.QUEUE:
             if job["queued_slot_ms"] is None:
                 job["queued_slot_ms"] = slot.scheduled_for_ms
             else:
-                self._record_outcome(job, slot, ctx, state="skipped",
+                self._record_outcome(job, slot, ctx, state=SKIPPED,
                                      reason="overlap: queue full")
             return
         if running and plan.overlap == Overlap.REPLACE:
@@ -926,22 +939,22 @@ class PartitionCore:
         self.suppressed += 1
         ctx.effects.append(Emit(topic="signals", name="kron.executions.TriggerSuppressed",
                                 key=job["job_id"], record={
-            "envelope": self._envelope(ctx, tenant=job["envelope"]["tenant"],
-                                       event_type="execution.trigger_suppressed",
-                                       eid=event_id(ex_id, "suppressed", ctx.causation_id,
-                                                    ctx.next_seq()),
-                                       correlation=job["job_id"]),
+            "envelope": make_envelope(
+                event_id=event_id(ex_id, "suppressed", ctx.causation_id, ctx.next_seq()),
+                event_type="execution.trigger_suppressed", occurred_at_ms=ctx.now_ms,
+                tenant=job["envelope"]["tenant"], causation_id=ctx.causation_id,
+                correlation_id=job["job_id"], producer=ctx.worker),
             "exec_id": ex_id, "job_id": job["job_id"], "scheduled_for_ms": slot.scheduled_for_ms,
             "owner_epoch": ctx.epoch, "reason": reason}))
 
     def _new_execution(self, job: Record, ex_id: str, slot: Slot, ctx: Context, *,
-                       trigger: str) -> Record:
+                       trigger: Trigger) -> Record:
         plan_jitter = float(job["spec"].get("jitter_s", 0.0))
         return {
             "envelope": {"tenant": job["envelope"]["tenant"]},
             "exec_id": ex_id, "job_id": job["job_id"],
             "scheduled_for_ms": slot.scheduled_for_ms, "owner_epoch": ctx.epoch,
-            "state": "queued", "trigger": trigger, "attempt": 0, "fencing_token": 0,
+            "state": QUEUED, "trigger": trigger, "attempt": 0, "fencing_token": 0,
             "due_at_ms": apply_jitter(slot.scheduled_for_ms, jitter_s=plan_jitter,
                                       job_id=job["job_id"]),
             "worker": None, "lease_until_ms": None, "retry_at_ms": None,
@@ -951,7 +964,7 @@ class PartitionCore:
         }
 
     def _start_execution(self, job: Record, plan: JobPlan, ctx: Context, *, ex_id: str,
-                         slot: Slot, trigger: str, not_before_ms: int = 0,
+                         slot: Slot, trigger: Trigger, not_before_ms: int = 0,
                          rerun_of: int | None = None) -> None:
         """The check-and-set that makes a slot fire once: local, because we own the partition.
         A backfill's rerun (`rerun_of`: the attempt the execution had when the backfill armed
@@ -998,7 +1011,7 @@ class PartitionCore:
         start = max(ctx.now_ms, not_before_ms)
         ex["attempt"] += 1
         ex["fencing_token"] = ex["attempt"]
-        ex["state"] = "running"
+        ex["state"] = RUNNING
         ex["worker"] = ctx.worker
         ex["retry_at_ms"] = None
         ex["lease_until_ms"] = start + int(plan.lease_s * 1000)
@@ -1039,7 +1052,7 @@ class PartitionCore:
         ctx.effects.append(Cancel(exec_id=ex_id, fencing_token=ex["fencing_token"]))
         # Bumping the token fences the cancelled attempt: its late report is rejected.
         ex["fencing_token"] += 1
-        ex["state"] = "cancelled"
+        ex["state"] = CANCELLED
         ex["reason"] = reason
         self._finish(job, ex, ctx, "execution.cancelled")
 
@@ -1058,7 +1071,7 @@ class PartitionCore:
 
     def _on_report(self, kind: str, rep: Record, ctx: Context) -> None:
         ex = self.store.execution(rep["exec_id"])
-        if ex is None or ex["state"] != "running" or ex["fencing_token"] != rep["fencing_token"]:
+        if ex is None or ex["state"] != RUNNING or ex["fencing_token"] != rep["fencing_token"]:
             # A zombie's or a cancelled attempt's word: fenced, never applied.
             self.stale_rejected += 1
             return
@@ -1072,8 +1085,8 @@ class PartitionCore:
             ex["lease_until_ms"] = max(ex["lease_until_ms"] or 0, rep["lease_until_ms"])
             self._save_exec(ctx, ex, "execution.heartbeat")
         elif kind == "ExecutionSucceeded":
-            _close_attempt(ex, rep, "succeeded")
-            ex["state"] = "succeeded"
+            _close_attempt(ex, rep, OUTCOME_SUCCEEDED)
+            ex["state"] = SUCCEEDED
             ex["status_code"] = rep.get("status_code")
             self._finish(job, ex, ctx, "execution.succeeded")
         elif kind == "ExecutionFailed":
@@ -1094,24 +1107,25 @@ class PartitionCore:
             delay = retry_delay_s(plan.retry, failed_attempt=ex["attempt"],
                                   rand=_rand(ex["exec_id"], ex["attempt"]),
                                   retry_after_s=retry_after_s)
-            ex["state"] = "retry_pending"
+            ex["state"] = RETRY_PENDING
             ex["retry_at_ms"] = ctx.now_ms + int(delay * 1000)
             ex["lease_until_ms"] = None
             self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
             self._save_exec(ctx, ex, "execution.retry_scheduled")
             return
-        ex["state"] = "failed"
+        ex["state"] = FAILED
         self._finish(job, ex, ctx, "execution.failed")
         ctx.effects.append(Emit(topic="dead-letters", name="kron.deadletter.DeadLetter",
                                 key=job["job_id"], record=self._failure_alert(job, ex, ctx)))
 
     def _failure_alert(self, job: Record, ex: Record, ctx: Context) -> Record:
         return {
-            "envelope": self._envelope(ctx, tenant=job["envelope"]["tenant"],
-                                       event_type="execution.failed_alert",
-                                       # A rerun may fail the execution again.
-                                       eid=event_id(ex["exec_id"], "alert", ex["attempt"]),
-                                       correlation=job["job_id"]),
+            "envelope": make_envelope(
+                # A rerun may fail the execution again.
+                event_id=event_id(ex["exec_id"], "alert", ex["attempt"]),
+                event_type="execution.failed_alert", occurred_at_ms=ctx.now_ms,
+                tenant=job["envelope"]["tenant"], causation_id=ctx.causation_id,
+                correlation_id=job["job_id"], producer=ctx.worker),
             "source_topic": "executions", "source_partition": -1, "source_offset": -1,
             "key": ex["exec_id"].encode(), "value": None,
             "error": f"execution failed after {ex['attempt']} attempt(s): {ex['last_error']}",
@@ -1130,17 +1144,17 @@ class PartitionCore:
         status = job["status"]
         _discard(job["running"], ex["exec_id"])
         queued = job["queued_slot_ms"]
-        if queued is not None and not job["running"] and job["status"] != "deleted":
+        if queued is not None and not job["running"] and job["status"] != JOB_DELETED:
             job["queued_slot_ms"] = None
             slot = Slot(scheduled_for_ms=queued, dst_outcome=None)
-            if job["status"] == "paused":  # a paused job starts no scheduled run
-                self._record_outcome(job, slot, ctx, state="skipped", reason="paused")
+            if job["status"] == JOB_PAUSED:  # a paused job starts no scheduled run
+                self._record_outcome(job, slot, ctx, state=SKIPPED, reason="paused")
             else:
                 self._start_execution(job, self._plan(job), ctx,
                                       ex_id=exec_id(job["job_id"], queued), slot=slot,
-                                      trigger="schedule")
-        if job["next_run_at_ms"] is None and not job["running"] and job["status"] == "active":
-            job["status"] = "completed"
+                                      trigger=BY_SCHEDULE)
+        if job["next_run_at_ms"] is None and not job["running"] and job["status"] == JOB_ACTIVE:
+            job["status"] = JOB_COMPLETED
         if (queued is None and job["status"] == status
                 and self._plan(job).overlap == Overlap.ALLOW):
             return

@@ -15,10 +15,12 @@ from typing import Any, Protocol
 
 from schemas import codec, names
 from schemas.registry import default_registry
+from streams.domain.states import ExecutionStatus
 
 Record = dict[str, Any]
 
-TERMINAL = frozenset({"succeeded", "failed", "skipped", "missed", "cancelled"})
+# The execution states that are over (read by name where decisions test them).
+TERMINAL = ExecutionStatus.TERMINAL
 
 
 def copy_record(record: Record) -> Record:
@@ -179,6 +181,3 @@ class MemoryStore:
     def timers_in(self, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
         lo, hi = bisect.bisect_left(self._keys, lower), bisect.bisect_left(self._keys, upper)
         yield from [(k, self.timers[k]) for k in self._keys[lo:hi]]
-
-    def next_due_key(self) -> bytes | None:
-        return self._keys[0] if self._keys else None

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, Producer
 
 from kron.settings import Settings
 from schemas import codec, names
+from schemas.envelope import Envelope, make_envelope
 
 TENANT = "bench"
 CREATE = "kron.commands.CreateJob"
@@ -47,10 +48,10 @@ def job_spec(*, target: tuple[str, dict[str, Any]], cron: str | None = None,
     }
 
 
-def _envelope(command_id: str, event_type: str) -> dict[str, Any]:
-    return {"event_id": command_id, "event_type": event_type, "schema_version": 1,
-            "occurred_at_ms": time.time_ns() // 1_000_000, "tenant": TENANT,
-            "causation_id": None, "correlation_id": None, "producer": "kron-bench"}
+def _envelope(command_id: str, event_type: str) -> Envelope:
+    return make_envelope(event_id=command_id, event_type=event_type,
+                         occurred_at_ms=time.time_ns() // 1_000_000, tenant=TENANT,
+                         producer="kron-bench")
 
 
 def create_command(job_id: str, spec: dict[str, Any]) -> dict[str, Any]:

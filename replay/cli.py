@@ -33,6 +33,7 @@ from kron.settings import Settings
 from replay.audit import DEFAULT_GRACE_MS, KINDS, AuditReport, audit, iso
 from replay.export import export
 from replay.reader import Entry, read_topic, topic_offsets
+from schemas.envelope import make_envelope
 
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
@@ -280,10 +281,9 @@ def backfill_command(
     publisher = CommandPublisher(settings)
     command_id = uuid.uuid4().hex
     record = {
-        "envelope": {"event_id": command_id, "event_type": "job.backfill_requested",
-                     "schema_version": 1, "occurred_at_ms": SystemClock().now_ms(),
-                     "tenant": tenant, "causation_id": None, "correlation_id": None,
-                     "producer": "kron-replay"},
+        "envelope": make_envelope(event_id=command_id, event_type="job.backfill_requested",
+                                  occurred_at_ms=SystemClock().now_ms(), tenant=tenant,
+                                  producer="kron-replay"),
         "command_id": command_id, "job_id": job_id, "from_ms": start, "to_ms": end,
         "max_per_s": rate, "rerun": rerun,
     }

@@ -6,6 +6,7 @@ from collections import deque
 from typing import Any
 
 from kron.clock import Clock
+from schemas.envelope import make_envelope
 
 
 class CircuitBreaker:
@@ -40,9 +41,8 @@ class CircuitBreaker:
         self._open_until[host] = self._clock.monotonic() + self._cooldown
         now = self._clock.now_ms()
         return {
-            "envelope": {"event_id": f"circuit:{host}:{now}", "event_type": "circuit.opened",
-                         "schema_version": 1, "occurred_at_ms": now, "tenant": "",
-                         "causation_id": None, "correlation_id": None, "producer": None},
+            "envelope": make_envelope(event_id=f"circuit:{host}:{now}",
+                                      event_type="circuit.opened", occurred_at_ms=now, tenant=""),
             "host": host, "until_ms": now + int(self._cooldown * 1000),
             "failure_ratio": failures / len(results),
         }

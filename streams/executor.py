@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from kron.clock import Clock
+from schemas.envelope import make_envelope
 from streams.breaker import CircuitBreaker
 from streams.domain.retry import ErrorClass
 from streams.engine.core import Dispatch
@@ -335,12 +336,10 @@ class Executor:
 
     def _base(self, d: Dispatch, event_type: str, now_ms: int) -> dict[str, Any]:
         return {
-            "envelope": {
-                "event_id": f"{d.exec_id}:{d.attempt}:{event_type}:{now_ms}",
-                "event_type": event_type, "schema_version": 1, "occurred_at_ms": now_ms,
-                "tenant": d.tenant, "causation_id": d.exec_id, "correlation_id": d.job_id,
-                "producer": self._worker,
-            },
+            "envelope": make_envelope(
+                event_id=f"{d.exec_id}:{d.attempt}:{event_type}:{now_ms}",
+                event_type=event_type, occurred_at_ms=now_ms, tenant=d.tenant,
+                causation_id=d.exec_id, correlation_id=d.job_id, producer=self._worker),
             "exec_id": d.exec_id, "job_id": d.job_id, "scheduled_for_ms": d.scheduled_for_ms,
             "owner_epoch": 0,
         }

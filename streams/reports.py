@@ -38,6 +38,7 @@ from typing import Any
 
 from kron.clock import Clock
 from schemas import codec
+from schemas.envelope import make_envelope
 from schemas.names import ATTEMPTS_FINISHED, EXECUTION_SUCCEEDED
 from streams.tasks import cancel_and_wait
 
@@ -171,9 +172,9 @@ class ResultBatcher:
     def _record(self, partition: int, items: list[dict[str, Any]]) -> dict[str, Any]:
         now = self._clock.now_ms()
         return {
-            "envelope": {"event_id": f"attempts:{self._worker}:{partition}:{self.batches}:{now}",
-                         "event_type": "execution.attempts_finished", "schema_version": 1,
-                         "occurred_at_ms": now, "tenant": "", "causation_id": None,
-                         "correlation_id": None, "producer": self._worker},
+            "envelope": make_envelope(
+                event_id=f"attempts:{self._worker}:{partition}:{self.batches}:{now}",
+                event_type="execution.attempts_finished", occurred_at_ms=now, tenant="",
+                producer=self._worker),
             "results": items,
         }

@@ -30,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from schemas import codec, names
+from schemas.envelope import make_envelope
 from streams.domain import lookahead
 from streams.domain.timer import TimerKind, due_of, kind_of
 from streams.engine.faust_store import fire_dues, first_timer_after, first_timer_key
@@ -263,11 +264,9 @@ class Ticker:
             self._early_sent[partition] = self._engine.clock.monotonic()
         self.sent += 1
         record = {
-            "envelope": {"event_id": f"tick:{partition}:{now_ms}:{self.sent}",
-                         "event_type": "engine.ticked", "schema_version": 1,
-                         "occurred_at_ms": now_ms, "tenant": "", "causation_id": None,
-                         "correlation_id": None,
-                         "producer": self._engine.settings.worker_id},
+            "envelope": make_envelope(event_id=f"tick:{partition}:{now_ms}:{self.sent}",
+                                      event_type="engine.ticked", occurred_at_ms=now_ms,
+                                      tenant="", producer=self._engine.settings.worker_id),
             "partition": partition,
             "now_ms": now_ms,
             "fire_ahead_ms": window,

@@ -16,7 +16,6 @@ exactly where the views stopped. Rebuilding from offset 0 yields the same views.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import threading
@@ -36,6 +35,7 @@ from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from schemas import codec
 from schemas.errors import DecodeError
+from schemas.jsonable import jsonable
 from streams.domain.fencing import EpochFence, epoch_of_headers
 from streams.domain.states import ExecutionStatus, JobStatus, Trigger
 
@@ -43,22 +43,6 @@ log = logging.getLogger("kron.projection")
 
 INVERT = (1 << 63) - 1
 ACTIVE_JOB = JobStatus.LIVE
-
-
-def jsonable(value: Any) -> Any:
-    """Avro records as JSON: named unions become {"type": ..., ...}; bytes become text."""
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
-        return {"type": value[0].rsplit(".", 1)[-1], **jsonable(value[1])}
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"base64": base64.b64encode(value).decode()}
-    return value
 
 
 def _k(*parts: str) -> bytes:

@@ -53,10 +53,10 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
+from kron import timefmt
 from streams.domain.errors import PermanentError
 from streams.domain.policies import MisfireKind
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
@@ -149,10 +149,11 @@ class AuditReport:
 
 
 def iso(ms: int | None) -> str:
+    """kron.timefmt.iso, for findings: "-" for no time, the number for one out of range."""
     if ms is None:
         return "-"
     try:
-        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+        return timefmt.iso(ms)
     except (OverflowError, OSError, ValueError):
         return str(ms)
 

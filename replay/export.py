@@ -1,33 +1,19 @@
 """Topic records as JSON-ready dicts, for `kron replay export`.
 
-Avro values become JSON values: bytes are base64 (standard alphabet, padded), a named-union
-branch ``("kron.HttpTarget", {...})`` becomes ``{"type": "kron.HttpTarget", ...}``, and a
-non-finite float becomes its string ("nan", "inf", "-inf").
+Records are rendered as the API renders them (schemas.jsonable): a named-union branch
+``("kron.HttpTarget", {...})`` becomes ``{"type": "HttpTarget", ...}``, bytes their UTF-8
+text or ``{"base64": ...}``, and a non-finite float its string ("nan", "inf", "-inf"). A
+record's key is its text when it is UTF-8, else ``key_base64`` holds it.
 """
 
 from __future__ import annotations
 
 import base64
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from replay.reader import Entry
-
-
-def jsonable(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) \
-            and isinstance(value[1], dict):
-        return {"type": value[0], **jsonable(value[1])}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+from schemas.jsonable import jsonable
 
 
 def _key(raw: bytes | None) -> tuple[str | None, str | None]:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from api import projection
 from replay import cli as replay_cli
 from replay.audit import (
     ATTEMPTS_OVER_POLICY,
@@ -30,9 +31,10 @@ from replay.audit import (
     AuditReport,
     audit,
 )
-from replay.export import export, jsonable
+from replay.export import export
 from replay.reader import Entry
 from schemas import codec
+from schemas.jsonable import jsonable
 from streams.domain.errors import PermanentError
 from streams.domain.ids import exec_id
 from streams.domain.schedule import bounded_next_slot
@@ -674,7 +676,7 @@ def test_export_is_json_ready_and_filters(
     assert out and all(d["record"]["job_id"] == "once" for d in out)
     json.dumps(out)  # nothing that json can't take
     first = out[0]
-    assert first["record"]["spec"]["schedule"] == {"type": "kron.OneOffSchedule",
+    assert first["record"]["spec"]["schedule"] == {"type": "OneOffSchedule",
                                                    "run_at_ms": T0 + 150_000}
     assert first["key"] == "once" and first["topic"] == "kron.jobs"
     window = list(export(_entries("kron.executions", execs, "kron.executions.ExecutionState"),
@@ -686,9 +688,21 @@ def test_export_is_json_ready_and_filters(
 
 def test_jsonable_handles_bytes_tuples_and_odd_floats() -> None:
     value = {"k": b"\x00\xff", "t": ("kron.HttpTarget", {"body": b"hi"}), "f": float("nan"),
-             "l": [("kron.X", {})]}
-    assert jsonable(value) == {"k": "AP8=", "t": {"type": "kron.HttpTarget", "body": "aGk="},
-                               "f": "nan", "l": [{"type": "kron.X"}]}
+             "l": [("kron.X", {})], "p": (1, 2)}
+    assert jsonable(value) == {"k": {"base64": "AP8="}, "t": {"type": "HttpTarget", "body": "hi"},
+                               "f": "nan", "l": [{"type": "X"}], "p": [1, 2]}
+
+
+def test_export_renders_records_as_the_api_does() -> None:
+    """One rendering: an exported record reads as the API's view of it."""
+    rec = {"spec": ("kron.HttpTarget", {"body": b"{}", "headers": {}}), "key": b"\xff",
+           "n": 1.5}
+    entry = Entry(topic="kron.jobs", partition=0, offset=0, key=b"j", name="x", record=rec,
+                  timestamp_ms=T0)
+    (d,) = export([entry])
+    assert d["record"] == projection.jsonable(rec) == {
+        "spec": {"type": "HttpTarget", "body": "{}", "headers": {}},
+        "key": {"base64": "/w=="}, "n": 1.5}
 
 
 def test_a_tombstone_is_exported_with_its_key() -> None:

@@ -1,0 +1,28 @@
+"""One time formatter: the API, the X-Kron-Scheduled-For header and the audit's findings
+render a time alike."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from api import models
+from kron.timefmt import iso
+from replay import audit
+from streams import executor
+
+
+@pytest.mark.parametrize("ms, text", [
+    (0, "1970-01-01T00:00:00.000Z"),
+    (1_767_225_600_123, "2026-01-01T00:00:00.123Z"),
+    (-1, "1969-12-31T23:59:59.999Z"),
+])
+def test_every_rendering_is_the_one(ms: int, text: str) -> None:
+    assert iso(ms) == models.iso(ms) == executor._iso(ms) == audit.iso(ms) == text
+    assert datetime.fromisoformat(text).timestamp() * 1000 == pytest.approx(ms)
+
+
+def test_the_audit_renders_what_has_no_time() -> None:
+    assert audit.iso(None) == "-"
+    assert audit.iso(10**18) == str(10**18)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -90,7 +89,3 @@ def _ok(fut: asyncio.Future[tuple[int, int]], value: tuple[int, int]) -> None:
 def _fail(fut: asyncio.Future[tuple[int, int]], exc: Exception) -> None:
     if not fut.done():
         fut.set_exception(exc)
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex

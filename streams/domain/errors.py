@@ -38,10 +38,6 @@ class PermanentError(KronError):
         return f"{type(self).__name__}({self.message!r}, field={self.field!r})"
 
 
-class TransientError(KronError):
-    """A failure that may go away on its own (broker hiccup, timeout): retry."""
-
-
 class InvalidSchedule(PermanentError):
     """A cron expression, timezone or one-off time that cannot be scheduled."""
 

@@ -20,7 +20,7 @@ class TimerKind(IntEnum):
     FIRE = 1
     RETRY = 2
     LEASE = 3
-    DEADLINE = 4
+    # 4 was DEADLINE, never written: not to be reused while a store might hold one.
     # Attempts decided ahead, looked at when they fall due: in another process than the
     # one holding their calls, that one is gone (see PartitionCore._hand_over).
     HELD = 5

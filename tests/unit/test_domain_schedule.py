@@ -29,7 +29,9 @@ from streams.domain.schedule import (
 )
 
 NY = "America/New_York"
-EPOCH = datetime(1970, 1, 1)
+# Wall times are UTC datetimes whose fields read as the zone's local time: UTC has no
+# DST, so croniter steps them as a naive calendar would.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MS = timedelta(milliseconds=1)
 ZONES = (
     "UTC",

@@ -30,17 +30,17 @@ def test_enums_are_the_avro_symbols() -> None:
     assert [s.value for s in ExecutionStatus] == _symbols(names.EXECUTION_STATE, "state")
     assert [s.value for s in Trigger] == _symbols(names.EXECUTION_STATE, "trigger")
     assert [s.value for s in JobStatus] == _symbols(names.JOB_STATE, "status")
-    assert AttemptOutcome.FAILURES == {e.value for e in ErrorClass}
+    assert {e.value for e in ErrorClass} == AttemptOutcome.FAILURES
 
 
 def test_state_sets_partition_the_states() -> None:
-    assert ExecutionStatus.TERMINAL | ExecutionStatus.ACTIVE == set(ExecutionStatus)
+    assert set(ExecutionStatus) == ExecutionStatus.TERMINAL | ExecutionStatus.ACTIVE
     assert not ExecutionStatus.TERMINAL & ExecutionStatus.ACTIVE
     assert ExecutionStatus.RAN <= ExecutionStatus.TERMINAL
     assert ExecutionStatus.RERUNNABLE <= ExecutionStatus.TERMINAL
     assert ExecutionStatus.CANCELLED not in ExecutionStatus.RERUNNABLE
-    assert JobStatus.LIVE == {"active", "paused"}
-    assert Trigger.OWN_SCHEDULE == {"schedule", "misfire"}
+    assert {"active", "paused"} == JobStatus.LIVE
+    assert {"schedule", "misfire"} == Trigger.OWN_SCHEDULE
     # Plain strings in the sets: a decoded value is looked up at a literal's cost.
     for named in (ExecutionStatus.TERMINAL, ExecutionStatus.ACTIVE, JobStatus.LIVE):
         assert all(type(s) is str for s in named)

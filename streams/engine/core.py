@@ -14,7 +14,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NotRequired, TypedDict
 
 import orjson
 
@@ -77,6 +77,57 @@ BY_MISFIRE: Final = Trigger.MISFIRE
 # A plain str: an attempt's outcome is an Avro string, which the compiled writer takes only
 # as `str` itself (schemas/writer.py).
 OUTCOME_SUCCEEDED: Final = AttemptOutcome.SUCCEEDED.value
+
+
+# The JSON values of the timers the core writes (orjson; read back as plain dicts).
+class FireTimer(TypedDict):
+    """A job's own next slot."""
+
+    s: int  # scheduled_for_ms
+    d: str | None  # the slot's DST outcome
+    v: int  # the job version that armed it
+    e: NotRequired[int]  # 1: may be decided ahead (fire-ahead), read without the job
+
+
+class PacedTimer(TypedDict):
+    """A slot a misfire (fire_all) or a backfill runs in its turn."""
+
+    s: int
+    d: str | None
+    t: Trigger
+    rr: NotRequired[int]  # rerun the slot's execution if it is still at this attempt
+
+
+class BackfillPageTimer(TypedDict):
+    """The rest of a backfill's range, from slot `s` up to `to`."""
+
+    t: str  # BACKFILL_PAGE_REF
+    s: int
+    d: str | None
+    to: int
+    r: float  # slots per second
+    rerun: bool
+    c: str  # the command id
+
+
+class LeaseTimer(TypedDict):
+    """[exec id, attempt] (and, for a first scheduled attempt, [job id, slot]) of the
+    attempts one event leased until the same time."""
+
+    l: list[list[Any]]  # noqa: E741 (the stored name)
+
+
+class HeldTimer(TypedDict):
+    """The [exec id, attempt] of the attempts one process decided ahead, due together."""
+
+    h: list[list[str | int]]
+    i: str  # the incarnation holding their calls
+
+
+class AttemptTimer(TypedDict):
+    """A retry's timer: the attempt it follows."""
+
+    a: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -452,9 +503,10 @@ class PartitionCore:
             if n == page:
                 key = timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"],
                                 ref=f"{BACKFILL_PAGE_REF}:{ref}")
-                self.store.put_timer(key, orjson.dumps({
+                page_timer: BackfillPageTimer = {
                     "t": BACKFILL_PAGE_REF, "s": slot.scheduled_for_ms, "d": slot.dst_outcome,
-                    "to": to_ms, "r": rate, "rerun": rerun, "c": ref}))
+                    "to": to_ms, "r": rate, "rerun": rerun, "c": ref}
+                self.store.put_timer(key, orjson.dumps(page_timer))
                 return
             rerun_of = None
             if rerun:
@@ -484,7 +536,7 @@ class PartitionCore:
                 job["status"] = JOB_COMPLETED
             return
         job["next_run_at_ms"] = slot.scheduled_for_ms
-        timer: Record = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "v": job["version"]}
+        timer: FireTimer = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "v": job["version"]}
         if plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule):
             timer["e"] = 1  # may be decided ahead (fire-ahead); read without the job
         value = orjson.dumps(timer)
@@ -500,7 +552,7 @@ class PartitionCore:
                    rerun_of: int | None = None) -> None:
         key = timer_key(due_ms=due_ms, kind=TimerKind.FIRE, job_id=job["job_id"],
                         ref=f"{trigger}:{slot.scheduled_for_ms}")
-        data: Record = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "t": trigger}
+        data: PacedTimer = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "t": trigger}
         if rerun_of is not None:
             data["rr"] = rerun_of  # run the slot's execution again if still at this attempt
         self.store.put_timer(key, orjson.dumps(data))
@@ -755,15 +807,17 @@ class PartitionCore:
         put and a delete per attempt: finished attempts are skipped when it fires. The same
         for the attempts it decided ahead, by due time."""
         for due, entries in ctx.leases.items():
-            self._put_grouped(TimerKind.LEASE, due, {"l": entries})
+            lease: LeaseTimer = {"l": entries}
+            self._put_grouped(TimerKind.LEASE, due, lease)
         for due, entries in ctx.held.items():
             # The process that holds the calls: its own tick has nothing to do.
-            self._put_grouped(TimerKind.HELD, due, {"h": entries, "i": ctx.incarnation})
+            held: HeldTimer = {"h": entries, "i": ctx.incarnation}
+            self._put_grouped(TimerKind.HELD, due, held)
         ctx.leases.clear()
         ctx.held.clear()
         return ctx.effects
 
-    def _put_grouped(self, kind: TimerKind, due_ms: int, data: Record) -> None:
+    def _put_grouped(self, kind: TimerKind, due_ms: int, data: LeaseTimer | HeldTimer) -> None:
         value = orjson.dumps(data)
         # Named by content: a redelivered event that lists other attempts must not
         # overwrite the timer its first delivery wrote.
@@ -1033,7 +1087,8 @@ class PartitionCore:
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])
-        self.store.put_timer(key, orjson.dumps({"a": ex["attempt"]}))
+        value: AttemptTimer = {"a": ex["attempt"]}
+        self.store.put_timer(key, orjson.dumps(value))
 
     def _del_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int | None) -> None:
         if due_ms is not None:

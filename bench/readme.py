@@ -1,7 +1,8 @@
-"""`python -m bench.readme`: bench/results/*.json into the README's performance table.
+"""`python -m bench.readme`: bench/results/*.json into the performance table of
+bench/README.md ("Results"; the top-level README only summarises it and links there).
 
 Rewrites only what lies between the `<!-- perf:start -->` and `<!-- perf:end -->` markers,
-so the hand-written rest of the section (and of the README) stays as it is. Each result is
+so the hand-written rest of the section (and of bench/README.md) stays as it is. Each result is
 judged against the floor of its scenario (FLOORS); a floor with no result yet still gets a
 row, "not measured", so the table always shows what is left to prove.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from bench.results import REPO, RESULTS_DIR
 
 START, END = "<!-- perf:start -->", "<!-- perf:end -->"
-README = REPO / "README.md"
+README = REPO / "bench" / "README.md"
 ORDER = ("steady", "burst", "timers", "api", "failover")
 COLUMNS = ("result", "options", "executions/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "lost",
            "dup", "peak RSS MB", "CPU s", "key figures", "floor", "floor met")
@@ -302,7 +303,7 @@ def rewrite(text: str, block: str) -> str:
     """text with everything between the markers replaced by block."""
     start, end = text.find(START), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"the README needs {START} followed by {END}")
+        raise ValueError(f"the file needs {START} followed by {END}")
     return f"{text[:start + len(START)]}\n{block}\n{text[end:]}"
 
 
@@ -311,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help="the results directory")
     p.add_argument("--readme", type=Path, default=README, help="the file to rewrite")
     p.add_argument("--check", action="store_true",
-                   help="change nothing; exit 1 if the README is not up to date")
+                   help="change nothing; exit 1 if the table is not up to date")
     p.add_argument("--print", action="store_true", help="print the table instead")
     args = p.parse_args(argv)
     block = render(load(args.results))

@@ -1,6 +1,6 @@
 """`--save`: a run's result, with the machine it ran on, as bench/results/<name>.json.
 
-`python -m bench.readme` turns these files into the README's performance table, so a
+`python -m bench.readme` turns these files into bench/README.md's performance table, so a
 result must say where it came from: cores, CPU model, RAM, Python, date, git commit.
 """
 
@@ -109,7 +109,7 @@ def git(*args: str) -> str | None:
 def machine() -> dict[str, Any]:
     # Uncommitted changes to tracked files mean the commit alone does not reproduce the run.
     # Saved results and plots are the bench's own output: a run saved after another one in
-    # the same checkout (the README's -x3 commands) is not a change to what ran.
+    # the same checkout (bench/README.md's -x3 commands) is not a change to what ran.
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
                 *(f":(exclude){path}" for path in OUTPUTS))
     return {

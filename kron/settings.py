@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     # and hold the call until then, so a spike's decisions are made ahead of it. 0 is off.
     # Each tick carries the window its ticker chose, so replays decide alike. Half a
     # second takes a tick's deciding off the due time without making pauses and deletes
-    # much earlier than they look (see README, Fire-ahead).
+    # much earlier than they look (see docs/semantics.md, Fire-ahead).
     fire_ahead_s: float = Field(default=0.5, ge=0, le=10)
     # Where state writes are produced and their acks served (streams.changelog): on the
     # worker's event loop (`inline`), or in a child process of the worker (`process`),
@@ -91,8 +91,9 @@ class Settings(BaseSettings):
     # Workers that keep a copy of each partition they do not own, read from its changelog,
     # so a takeover starts from local state (seconds) instead of the whole changelog (15 s
     # for a million jobs). Keeping a copy costs a worker's event loop more than applying
-    # the same writes as their owner (README, Performance): 0 buys throughput with more
-    # workers than cores can otherwise give, at the price of slower takeovers.
+    # the same writes as their owner (bench/README.md, Where the time goes): 0 buys
+    # throughput with more workers than cores can otherwise give, at the price of slower
+    # takeovers.
     standby_replicas: int = Field(default=1, ge=0, le=8)
     # Local state (RocksDB tables, projections) lives here; two workers need two dirs.
     data_dir: Path = Path(".kron/data")

@@ -1,7 +1,7 @@
 """The worker's changelog writer process: librdkafka's produce and delivery reports, off the
 worker's event loop.
 
-One worker's event-loop thread bounds its throughput (README, Where the time goes), while
+One worker's event-loop thread bounds its throughput (bench/README.md, Where the time goes), while
 the machine's other core is not full: in `kron bench steady --target kafka --rate 3000` on
 2026-12-03 the worker used 1.05 cores, the broker 0.2-0.5 and the bench 0.05. Each state
 write cost that thread a produce() (3.1-4.4 us) and a delivery report (1-2.5 us), five

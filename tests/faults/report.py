@@ -1,7 +1,7 @@
-"""Render tests/faults/report.json as a markdown table and rewrite README.md's reliability
-section (between `<!-- reliability:start -->` and `<!-- reliability:end -->`).
+"""Render tests/faults/report.json as a markdown table and rewrite docs/reliability.md
+(between `<!-- reliability:start -->` and `<!-- reliability:end -->`).
 
-    python -m tests.faults.report            # rewrite README.md
+    python -m tests.faults.report            # rewrite docs/reliability.md
     python -m tests.faults.report --print    # only print the table
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE / "report.json"
-README = HERE.parent.parent / "README.md"
+README = HERE.parent.parent / "docs" / "reliability.md"
 START, END = "<!-- reliability:start -->", "<!-- reliability:end -->"
 
 
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
         print(table(scenarios))
         return 0
     README.write_text(rewrite(README.read_text(), section(scenarios)))
-    print(f"README.md: {len(scenarios)} scenarios")
+    print(f"{README.relative_to(HERE.parent.parent)}: {len(scenarios)} scenarios")
     return 0
 
 

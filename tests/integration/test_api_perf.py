@@ -1,6 +1,6 @@
 """POST /v1/jobs answers at the Kafka ack, not after the worker: the accepted-not-projected
 cache that gives the API its read-your-writes (unit tests, no broker), and a small load
-against the real stack. The full measurement is `kron bench api` (README, Performance)."""
+against the real stack. The full measurement is `kron bench api` (bench/README.md, Results)."""
 
 from __future__ import annotations
 

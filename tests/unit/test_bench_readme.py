@@ -1,4 +1,4 @@
-"""bench.readme (results into the README's table), bench.results (--save) and the CLI's
+"""bench.readme (results into the table of bench/README.md), bench.results (--save) and the CLI's
 worker-environment options."""
 
 from __future__ import annotations
@@ -132,6 +132,15 @@ def test_main_renders_the_results_directory_into_the_readme(tmp_path: Path) -> N
 def test_the_readme_table_is_up_to_date_with_bench_results() -> None:
     """After `kron bench ... --save`, run `python -m bench.readme` and commit both."""
     assert readme.main(["--check"]) == 0, "run: python -m bench.readme"
+
+
+def test_the_table_lives_in_bench_readme_and_the_top_readme_links_to_it() -> None:
+    """One generated table, in bench/README.md; the README keeps a summary and a link."""
+    assert readme.README == REPO / "bench" / "README.md"
+    assert readme.README.read_text().count(readme.START) == 1
+    top = (REPO / "README.md").read_text()
+    assert readme.START not in top and readme.END not in top
+    assert "](bench/README.md)" in top
 
 
 def test_save_writes_the_result_with_the_machine(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ Layers, from the outside in:
 1. :class:`JobRequest` / :class:`JobPatch` (pydantic) check shapes and types: unknown fields are
    rejected (``extra="forbid"``), numbers must be finite, enums must be known values. The other
    seed's shorthand is normalised into the canonical body here (see :class:`JobRequest`).
-   :func:`parse_request` / :func:`parse_patch` turn a :class:`pydantic.ValidationError` into an
+   The API's routes take them as FastAPI request bodies; :func:`invalid_of` words pydantic's
+   errors (FastAPI's, or :func:`parse_request` / :func:`parse_patch`'s) as an
    :class:`InvalidField` carrying an API field path.
 2. :func:`build_spec` checks semantics the types can't express (URL safety, header syntax, time
    bounds, sizes), assembles the Avro dict and then runs ``streams.engine.spec.plan_of`` -- the
@@ -41,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 
+from kron.timefmt import iso
 from streams.domain.commands import ENABLE_HINT, CommandRegistry
 from streams.domain.errors import PermanentError
 from streams.domain.schedule import OneOffSchedule, bounded_next_slot, parse_cron
@@ -62,6 +64,7 @@ __all__ = [
     "ScheduleIn",
     "TargetPatch",
     "build_spec",
+    "invalid_of",
     "iso",
     "merge_patch",
     "parse_patch",
@@ -443,12 +446,19 @@ def _message(err: Mapping[str, Any], path: str, top: Sequence[str]) -> str:
     return f"{path}: {msg}"
 
 
-def _invalid(exc: ValidationError, top: Sequence[str]) -> InvalidField:
-    errors = exc.errors(include_url=False)
+def invalid_of(errors: Sequence[Mapping[str, Any]], model: type[BaseModel]) -> InvalidField:
+    """pydantic's errors for a body of ``model`` (locations relative to the body) as one
+    :class:`InvalidField`: the API field path and a message a caller can act on. Used for
+    :func:`parse_request` and for the 422 FastAPI's body parsing gives (api/problems.py)."""
     # A typo ("nmae") also makes the real field missing; the unknown name is the better lead.
-    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-    pairs = [(p, _message(e, p, top)) for e in errors for p in [_path(e["loc"])]]
+    ordered = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")
+    top = list(model.model_fields)
+    pairs = [(p, _message(e, p, top)) for e in ordered for p in [_path(e["loc"])]]
     return InvalidField(pairs[0][0], pairs[0][1], errors=pairs)
+
+
+# The request bodies whose pydantic errors read as invalid_of words them.
+BODY_MODELS: tuple[type[BaseModel], ...] = (JobRequest, JobPatch)
 
 
 def parse_request(body: Any) -> JobRequest:
@@ -456,7 +466,7 @@ def parse_request(body: Any) -> JobRequest:
     try:
         return JobRequest.model_validate(body)
     except ValidationError as exc:
-        raise _invalid(exc, list(JobRequest.model_fields)) from None
+        raise invalid_of(exc.errors(include_url=False), JobRequest) from None
 
 
 def parse_patch(body: Any) -> JobPatch:
@@ -464,17 +474,10 @@ def parse_patch(body: Any) -> JobPatch:
     try:
         return JobPatch.model_validate(body)
     except ValidationError as exc:
-        raise _invalid(exc, list(JobPatch.model_fields)) from None
+        raise invalid_of(exc.errors(include_url=False), JobPatch) from None
 
 
 # --- time -------------------------------------------------------------------------------------
-
-
-def iso(ms: int) -> str:
-    """Epoch milliseconds as RFC 3339 UTC with milliseconds: ``2026-11-30T00:00:00.000Z``."""
-    t = _EPOCH + timedelta(milliseconds=ms)
-    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
-            f"{t.second:02d}.{ms % 1000:03d}Z")
 
 
 def parse_time(value: str, field: str) -> int:

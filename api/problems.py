@@ -7,7 +7,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api import models
 
 BASE = "https://kron.dev/problems/"
 TITLES = {
@@ -46,12 +50,39 @@ async def on_problem(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 (a body that does not fit the route's model, a bad query parameter) as a
+    problem naming the first bad field. A job body's errors are worded as models.invalid_of
+    words them (the field path into the body, "did you mean"...)."""
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
+    model = _body_model(request)
+    body = [{**e, "loc": tuple(e["loc"][1:])} for e in errors if e["loc"][:1] == ("body",)]
+    if body and model in models.BODY_MODELS:
+        assert model is not None
+        return problem_response(_invalid_input(models.invalid_of(body, model)))
     first = errors[0] if errors else {"loc": (), "msg": "invalid"}
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
     return problem_response(Problem(422, "invalid-input", str(first.get("msg")),
                                     field=".".join(loc) or None))
+
+
+async def on_invalid_field(request: Request, exc: Exception) -> JSONResponse:
+    """A body that fits its model but not kron's rules (models.build_spec, merge_patch)."""
+    assert isinstance(exc, models.InvalidField)
+    return problem_response(_invalid_input(exc))
+
+
+def _invalid_input(exc: models.InvalidField) -> Problem:
+    title: dict[str, Any] = {"title": exc.title} if exc.title else {}
+    return Problem(422, exc.kind, exc.message, field=exc.field, **title)
+
+
+def _body_model(request: Request) -> type[BaseModel] | None:
+    """The pydantic model of the matched route's request body, if it has one."""
+    route = request.scope.get("route")
+    field = route.body_field if isinstance(route, APIRoute) else None
+    model = field.field_info.annotation if field is not None else None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 async def on_http(request: Request, exc: Exception) -> JSONResponse:

@@ -159,8 +159,8 @@ def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
     spec = old["spec"] if same else jsonable(request_of(rec["spec"]))
     fingerprint = old.get("fingerprint") if same else None
     if fingerprint is None and rec["idempotency_key"]:
-        # Only a create retried with its key compares fingerprints; routes._fingerprint
-        # computes one on demand for the rest.
+        # Only a create retried with its key compares fingerprints; api/routes/jobs.py
+        # _replayed computes one on demand for the rest.
         fingerprint = spec_fingerprint(rec["spec"])
     view = {
         "job_id": job_id, "tenant": tenant, "version": rec["version"],

@@ -14,16 +14,17 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import Authenticator, RateLimiter
 from api.batcher import MAX_PARTITIONS, CreateBatcher
-from api.problems import Problem, on_http, on_problem, on_validation
+from api.models import InvalidField
+from api.problems import Problem, on_http, on_invalid_field, on_problem, on_validation
 from api.projection import Projector, Views
 from api.publisher import CommandPublisher
-from api.routes import Service, body_schemas, build_router, new_id
+from api.routes import Service, build_router, new_id
+from api.routes.responses import Problem as ProblemDoc
 from kron.clock import Clock, SystemClock
 from kron.settings import Settings
 from kron.topics import admin_client
@@ -172,9 +173,12 @@ def create_app(settings: Settings, *, components: Components | None = None,
         title="kron", version="0.1.0", lifespan=lifespan,
         description="Schedule jobs once or on cron; read their runs. Authenticate with "
                     "`Authorization: Bearer <key>` or `X-API-Key: <key>`.",
+        # A job's `definition` is shown in the request's own form: one JobRequest schema.
+        separate_input_output_schemas=False,
     )
     app.add_exception_handler(Problem, on_problem)
     app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(InvalidField, on_invalid_field)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_middleware(DrainUnreadBody)
 
@@ -183,25 +187,10 @@ def create_app(settings: Settings, *, components: Components | None = None,
                       auth=Authenticator(settings.api_key_entries),
                       limiter=RateLimiter(clock=clock, rate_per_s=settings.tenant_rate_per_s,
                                           burst=settings.tenant_burst),
-                      creates=creates)
-    app.include_router(build_router(service))
-    _document_bodies(app)
-
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> JSONResponse:
-        broker = await asyncio.to_thread(parts.probe.check)
-        status = 200 if broker["ok"] else 503
-        return JSONResponse({"status": "ok" if status == 200 else "degraded",
-                             "broker": broker}, status_code=status)
-
-    @app.get("/readyz", tags=["ops"])
-    async def readyz() -> JSONResponse:
-        ready = parts.projector.caught_up
-        return JSONResponse({"ready": ready, "projected_records": parts.projector.applied,
-                             # creates Kafka has that the views don't show yet: worker lag
-                             "unprojected_creates": len(parts.projector.unprojected)},
-                            status_code=200 if ready else 503)
-
+                      creates=creates, probe=parts.probe)
+    app.state.service = service
+    app.include_router(build_router())
+    _document_problems(app)
     return app
 
 
@@ -224,13 +213,15 @@ def _partitions_match(settings: Settings) -> bool:
     return True
 
 
-def _document_bodies(app: FastAPI) -> None:
+def _document_problems(app: FastAPI) -> None:
+    """The Problem schema the routes' error answers refer to (routes/base.py ERRORS)."""
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version,
-                                 description=app.description, routes=app.routes)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(
-                body_schemas())
+                                 description=app.description, routes=app.routes,
+                                 separate_input_output_schemas=False)
+            schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = (
+                ProblemDoc.model_json_schema())
             app.openapi_schema = schema
         return app.openapi_schema
 

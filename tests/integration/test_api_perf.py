@@ -85,8 +85,8 @@ def _state(spec: dict[str, object], *, version: int, key: str | None, event: str
 def test_a_jobs_view_keeps_its_spec_until_the_version_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str | None) -> None:
     """Firings reuse the view's spec and fingerprint; an update replaces both. Only a job
-    with an idempotency key has its fingerprint computed (routes._fingerprint does the
-    rest on demand)."""
+    with an idempotency key has its fingerprint computed (api/routes/jobs.py _replayed does
+    the rest on demand)."""
     settings = Settings(data_dir=tmp_path, topic_prefix="p")
     views = Views(tmp_path / "v")
     projector = Projector(settings, views)

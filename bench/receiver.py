@@ -1,37 +1,85 @@
-"""The bench's targets: a fast loopback HTTP responder and a consumer of the Kafka target topic.
+"""kron's loopback targets: THE HTTP receiver of the tests, the fault suite and the bench,
+and a consumer of the bench's Kafka target topic.
 
-Both record one compact `Hit` per delivery. Lateness is receive time minus the
+Both record one compact `Hit` per delivery. The bench's lateness is receive time minus the
 `X-Kron-Scheduled-For` the worker sent.
 
-The HTTP side is a minimal HTTP/1.1 keep-alive server on asyncio (uvloop when available) in
-its own thread: the threaded receiver of the tests costs a thread and a full request parse
-per call and falls over at a few hundred calls a second. This one parses only the headers
-it records and always answers 200.
+`Receiver` is a minimal HTTP/1.1 keep-alive server on asyncio (uvloop when available) in
+its own thread: it parses the request head only, answers `200 ok` to any path but the
+behaviours below, and keeps up with the bench's thousands of calls a second (a threaded
+`http.server` costs a thread and a full request parse per call and fell over at a few
+hundred). Paths choose the behaviour:
+
+  /ok, anything else      200
+  /status/503,503,200     answers the listed codes in turn, per Idempotency-Key
+  /status-ra/<codes>/<ra> the listed codes in turn per key, each non-2xx with Retry-After: <ra>
+  /slow/<seconds>         waits, then 200
+  /hang                   waits 60 s (longer than any test's timeout_s)
+  /retry-after/<seconds>  429 with Retry-After once per key, then 200
+  /hold-first/<seconds>   holds the first request per key that long, answers others at once
+  /reset                  closes the connection without an answer (recorded with status 0)
+  /kill-after-2xx/<tag>   200; right after the first response per key is written, SIGKILL
+                          the process that made the call (the worker has the 2xx but has
+                          not yet reported it)
+  /kill-on-arrival/<s>    SIGKILL the caller as soon as the first request per key arrives,
+                          then answer after <s> s (nobody reads it)
+
+The two kill paths kill only processes listed in `killable` (pid -> name: the processes the
+caller started); each kill is recorded in `kills`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
+from http import HTTPStatus
 from typing import Any, NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 
+class Headers(dict[str, str]):
+    """Request headers under lower-cased names; looked up in any case."""
+
+    def __getitem__(self, name: str) -> str:
+        return super().__getitem__(name.lower())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return super().get(name.lower(), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.lower())
+
+
+NO_HEADERS = Headers()
+
+
 class Hit(NamedTuple):
-    job_id: str
+    job_id: str  # X-Kron-Job-Id
     key: str  # Idempotency-Key: the execution id
-    attempt: int
-    scheduled_ms: int  # X-Kron-Scheduled-For
-    recv_ms: float  # wall clock at the receiver
+    attempt: int  # X-Kron-Attempt
+    scheduled_ms: int  # X-Kron-Scheduled-For (0 if absent)
+    recv_ms: float  # wall clock at the receiver when the request head was read
     broker_ms: int = 0  # Kafka target only: the record's broker (LogAppendTime) timestamp
+    path: str = ""  # HTTP only, like what follows
+    status: int = 200  # the status answered; 0: the connection was closed instead
+    headers: Headers = NO_HEADERS
+
+    @property
+    def received_ms(self) -> int:
+        return int(self.recv_ms)
 
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 MAX_HEAD = 64 * 1024
+HANG_S = 60.0
 
 _iso_cache: dict[str, int] = {}
 
@@ -47,51 +95,157 @@ def iso_ms(text: str) -> int:
     return ms
 
 
-def _parse_head(head: bytes) -> tuple[dict[str, str], bool]:
-    """Headers we need (lower-cased names), and whether the client asked to close."""
-    out: dict[str, str] = {}
-    for line in head.split(b"\r\n")[1:]:
+def _parse_head(head: bytes) -> tuple[str, Headers]:
+    """The request's path, and its headers."""
+    lines = head.split(b"\r\n")
+    target = lines[0].split(b" ", 2)
+    out = Headers()
+    for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if sep:
             out[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-    return out, out.get("connection", "").lower() == "close"
+    return (target[1].decode("latin-1") if len(target) > 1 else "/"), out
 
 
 def _hit(headers: dict[str, str], recv_ms: float) -> Hit | None:
+    """A kron call's Hit from headers under lower-cased names; None if not a kron call."""
     try:
         return Hit(job_id=headers.get("x-kron-job-id", ""),
                    key=headers.get("idempotency-key", ""),
                    attempt=int(headers.get("x-kron-attempt", "0")),
                    scheduled_ms=iso_ms(headers["x-kron-scheduled-for"]), recv_ms=recv_ms)
     except (KeyError, ValueError):
-        return None  # not a kron call (a stray probe of the port); answered, not recorded
+        return None
 
 
-class HttpReceiver:
+def _http_hit(path: str, headers: Headers, recv_ms: float, status: int) -> Hit:
+    """Every request is recorded, a kron call or not (a test's own GET, a stray probe)."""
+    get = dict.get
+    try:
+        attempt = int(get(headers, "x-kron-attempt", "0"))
+    except ValueError:
+        attempt = 0
+    try:
+        scheduled = iso_ms(get(headers, "x-kron-scheduled-for", ""))
+    except ValueError:
+        scheduled = 0
+    return Hit(get(headers, "x-kron-job-id", ""), get(headers, "idempotency-key", ""), attempt,
+               scheduled, recv_ms, 0, path, status, headers)
+
+
+def _response(status: int, extra: dict[str, str]) -> bytes:
+    if status == 200 and not extra:
+        return RESPONSE
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Status"
+    head = "".join(f"{k}: {v}\r\n" for k, v in extra.items())
+    return (f"HTTP/1.1 {status} {phrase}\r\nContent-Length: 2\r\n"
+            f"Content-Type: text/plain\r\n{head}\r\nok").encode("latin-1")
+
+
+# --- which process holds a loopback connection --------------------------------------------
+
+
+def _socket_inodes(local_port: int, remote_port: int) -> set[str]:
+    """Inodes of 127.0.0.1 TCP sockets with this local and remote port (/proc/net/tcp)."""
+    out: set[str] = set()
+    with contextlib.suppress(OSError), open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            local, remote, inode = parts[1], parts[2], parts[9]
+            if (int(local.split(":")[1], 16) == local_port
+                    and int(remote.split(":")[1], 16) == remote_port):
+                out.add(inode)
+    return out
+
+
+def pid_of_peer(peer_port: int, server_port: int, candidates: list[int]) -> int | None:
+    """Which of `candidates` (pids the caller started) owns the client end of a connection."""
+    inodes = _socket_inodes(peer_port, server_port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for pid in candidates:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                        return pid
+    return None
+
+
+@dataclass
+class KillEvent:
+    point: str
+    pid: int
+    key: str
+    at_ms: int
+
+
+# Paths with a behaviour: the first path segment. Any other path is answered 200 at once.
+BEHAVIOURS = frozenset({"status", "status-ra", "slow", "hang", "retry-after", "hold-first",
+                        "reset", "kill-after-2xx", "kill-on-arrival"})
+
+
+class Receiver:
+    """The loopback HTTP target (module docstring). `with Receiver() as r:` or
+    `r = Receiver().start() ... r.stop()`."""
+
     def __init__(self) -> None:
         self.hits: list[Hit] = []  # list.append is atomic under the GIL: no lock needed
         self.port = 0
+        self.killable: dict[int, str] = {}
+        self.kills: list[KillEvent] = []
+        self._counts: dict[tuple[str, str], int] = defaultdict(int)  # the loop's thread only
+        self._killed: set[tuple[str, str]] = set()
+        self._kill_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-receiver", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="loopback-receiver", daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> HttpReceiver:
+    def start(self) -> Receiver:
         self._thread.start()
         if not self._ready.wait(10) or not self.port:
-            raise RuntimeError("the bench HTTP receiver did not start")
+            raise RuntimeError("the loopback HTTP receiver did not start")
         return self
 
     def stop(self) -> None:
         loop = self._loop
         if loop is not None and loop.is_running():
-            loop.call_soon_threadsafe(loop.stop)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
         if self._thread.is_alive():
             self._thread.join(5)
+
+    def __enter__(self) -> Receiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # what it saw
+
+    def hits_for(self, job_id: str) -> list[Hit]:
+        return [h for h in list(self.hits) if h.job_id == job_id]
+
+    def wait_for(self, job_id: str, count: int, timeout_s: float) -> list[Hit]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            hits = self.hits_for(job_id)
+            if len(hits) >= count:
+                return hits
+            time.sleep(0.05)
+        return self.hits_for(job_id)
+
+    # the server
 
     def _run(self) -> None:
         try:
@@ -103,6 +257,9 @@ class HttpReceiver:
         self._loop = loop
         asyncio.set_event_loop(loop)
         try:
+            # A backlog in the thousands, as real servers have: when a broker outage ends,
+            # the calls held back connect at once, and socketserver's default of 5 dropped
+            # handshakes (no answer within 40 s for 22 of 100 on a busy machine).
             self._server = loop.run_until_complete(asyncio.start_server(
                 self._serve, "127.0.0.1", 0, backlog=2048, limit=MAX_HEAD))
             self.port = self._server.sockets[0].getsockname()[1]
@@ -114,28 +271,99 @@ class HttpReceiver:
                 self._server.close()
             loop.close()
 
+    async def _shutdown(self) -> None:
+        """Stops listening, ends the connections still open (a /hang), stops the loop."""
+        if self._server is not None:
+            self._server.close()
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.get_running_loop().stop()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hits = self.hits
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 recv_ms = time.time() * 1000
-                headers, close = _parse_head(head)
-                length = int(headers.get("content-length") or 0)
+                path, headers = _parse_head(head)
+                length = int(dict.get(headers, "content-length") or 0)
                 if length:
                     await reader.readexactly(length)
-                hit = _hit(headers, recv_ms)
-                if hit is not None:
-                    self.hits.append(hit)
-                writer.write(RESPONSE)
-                await writer.drain()
-                if close:
+                kind = path.split("/", 2)[1] if path.startswith("/") else ""
+                if kind in BEHAVIOURS:
+                    if not await self._behave(kind, path, headers, recv_ms, writer):
+                        break
+                else:
+                    hits.append(_http_hit(path, headers, recv_ms, 200))
+                    writer.write(RESPONSE)
+                    await writer.drain()
+                if dict.get(headers, "connection", "").lower() == "close":
                     break
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
-                ValueError):
+                ValueError, IndexError):  # IndexError: a behaviour's path without its value
             pass
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+
+    async def _behave(self, kind: str, path: str, headers: Headers, recv_ms: float,
+                      writer: asyncio.StreamWriter) -> bool:
+        """Answers a path with a behaviour; False: the connection is to close now."""
+        key = dict.get(headers, "idempotency-key", "")
+        n = self._counts[(path, key)]
+        self._counts[(path, key)] = n + 1
+        parts = path.strip("/").split("/")
+        status, delay, extra = 200, 0.0, {}
+        if kind == "reset":
+            self.hits.append(_http_hit(path, headers, recv_ms, 0))
+            return False
+        if kind == "status":
+            codes = [int(c) for c in parts[1].split(",")]
+            status = codes[min(n, len(codes) - 1)]
+        elif kind == "status-ra":
+            codes = [int(c) for c in parts[1].split(",")]
+            status = codes[min(n, len(codes) - 1)]
+            extra = {"Retry-After": parts[2]} if status >= 300 else {}
+        elif kind == "slow":
+            delay = float(parts[1])
+        elif kind == "hang":
+            delay = HANG_S
+        elif kind == "hold-first":
+            delay = float(parts[1]) if n == 0 else 0.0
+        elif kind == "retry-after" and n == 0:
+            status, extra = 429, {"Retry-After": parts[1]}
+        elif kind == "kill-on-arrival" and n == 0:
+            delay = float(parts[1])
+        peer = writer.get_extra_info("peername")
+        peer_port = int(peer[1]) if peer else 0
+        if kind == "kill-on-arrival":
+            threading.Thread(target=self._kill_caller, args=(peer_port, "during_call", key),
+                             daemon=True).start()
+        self.hits.append(_http_hit(path, headers, recv_ms, status))
+        if delay:
+            await asyncio.sleep(delay)
+        writer.write(_response(status, extra))
+        await writer.drain()
+        if kind == "kill-after-2xx":
+            self._kill_caller(peer_port, "after_2xx", key)
+        return True
+
+    def _kill_caller(self, peer_port: int, point: str, key: str) -> None:
+        """SIGKILL the `killable` process at the other end of the connection, once per
+        (point, key)."""
+        with self._kill_lock:
+            if (point, key) in self._killed:
+                return
+            self._killed.add((point, key))
+        pid = pid_of_peer(peer_port, self.port, list(self.killable))
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.kills.append(KillEvent(point=point, pid=pid, key=key,
+                                        at_ms=time.time_ns() // 1_000_000))
 
 
 class KafkaReceiver:

@@ -13,8 +13,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -29,12 +27,20 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 from bench.hostspeed import HostSpeed
 from bench.jobs import CommandSink, http_target, job_spec
 from bench.procfs import CLK_TCK, cpu_ticks, reaped_children_ticks, state_of
-from bench.receiver import HttpReceiver
+from bench.receiver import Receiver
 from bench.report import log
 from bench.results import create_probe_us, speed_probe_ms
 from bench.warmup import Warmup, warm
 from kron import localkafka
 from kron.errors import SetupError
+from kron.processes import (
+    ApiProcess,
+    KronProcess,
+    WorkerProcess,
+    clean_environ,
+    settings_env,
+    stop_all,
+)
 from kron.settings import Settings
 from kron.topics import admin_client, create_topics
 from replay.audit import AuditReport, audit
@@ -233,73 +239,6 @@ class Sampler:
 # --- processes ------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class Proc:
-    """A `python -m kron ...` child in its own session, logging to a file."""
-
-    name: str
-    args: list[str]
-    env: dict[str, str]
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
-    expected_exit: bool = False  # set when the bench stops or kills it on purpose
-
-    def start(self) -> Proc:
-        with self.log_path.open("ab") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "kron", *self.args], env=self.env, cwd=REPO,
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
-        self.started = time.monotonic()
-        self.expected_exit = False
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def signal(self, sig: int) -> None:
-        self.expected_exit = True
-        if self.alive():
-            assert self.popen is not None
-            self.popen.send_signal(sig)
-
-    def wait(self, timeout_s: float) -> bool:
-        """True if it exited within the time."""
-        if self.popen is None:
-            return True
-        try:
-            self.popen.wait(timeout_s)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.wait(10)
-
-    def tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-
-def stop_all(procs: list[Proc], grace_s: float = 20.0) -> None:
-    """SIGTERM all at once (a clean Faust shutdown takes seconds), SIGKILL what is left."""
-    for p in procs:
-        p.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        if not p.wait(max(0.1, deadline - time.monotonic())):
-            p.kill()
-
-
 def du_bytes(path: Path) -> int:
     """Disk used under path, as du counts it (allocated blocks)."""
     total = 0
@@ -352,13 +291,13 @@ class Stack:
         # `--worker-env`/`--no-barrier`: set on workers only, after (so over) the bench's own.
         self.worker_env = dict(worker_env or {})
         self.api_key = secrets.token_urlsafe(16)
-        self.workers: dict[str, Proc] = {}
-        self.api: Proc | None = None
+        self.workers: dict[str, WorkerProcess] = {}
+        self.api: ApiProcess | None = None
         self.api_url = ""
         self.cluster: localkafka.Cluster | None = None
         self.sampler = Sampler()
         self.host_speed = HostSpeed()
-        self.receiver = HttpReceiver()
+        self.receiver = Receiver()
         self._sink: CommandSink | None = None
         self._wm: Consumer | None = None
         self._probe_round = 0
@@ -425,7 +364,8 @@ class Stack:
         previous = ({s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
                     if in_main else {})
         try:
-            procs = ([self.api] if self.api else []) + list(self.workers.values())
+            procs: list[KronProcess] = [*([self.api] if self.api else []),
+                                        *self.workers.values()]
             if failed:
                 for p in procs:
                     log(f"--- last lines of {p.name}'s log ---\n{p.tail(2000)}")
@@ -456,53 +396,43 @@ class Stack:
     # processes
 
     def env(self, **extra: str) -> dict[str, str]:
-        """A clean KRON_* environment: the caller's own KRON_* settings must not leak in."""
-        s = self.settings
-        base = {k: v for k, v in os.environ.items() if not k.startswith("KRON_")}
-        return {**base, "PYTHONPATH": str(REPO),
-                "KRON_BOOTSTRAP_SERVERS": s.bootstrap_servers, "KRON_TOPIC_PREFIX": PREFIX,
-                "KRON_PARTITIONS": str(s.partitions), "KRON_ALLOW_PRIVATE_TARGETS": "true",
-                "KRON_SESSION_TIMEOUT_S": str(s.session_timeout_s),
-                "KRON_API_KEYS": s.api_keys, **extra}
+        """The processes' environment: the caller's, without any KRON_* setting of its own
+        (they must not leak in), and the bench's settings (kron.processes.settings_env)."""
+        return {**clean_environ(), "PYTHONPATH": str(REPO), **settings_env(self.settings),
+                **extra}
 
     def worker_dir(self, name: str) -> Path:
         return self.root / f"{name}-state"
 
-    def worker_process_env(self, name: str) -> dict[str, str]:
-        return {**self.env(KRON_DATA_DIR=str(self.worker_dir(name)), KRON_WORKER_ID=name),
-                **self.worker_env}
+    def worker_process(self, name: str) -> WorkerProcess:
+        # `--worker-env`/`--no-barrier`: set on workers only, after (so over) the bench's own.
+        return WorkerProcess(self.settings, name, self.root, base_env=clean_environ(),
+                             new_session=True, env=self.worker_env)
 
-    def start_worker(self, name: str) -> Proc:
+    def worker_process_env(self, name: str) -> dict[str, str]:
+        return self.worker_process(name).env
+
+    def start_worker(self, name: str) -> WorkerProcess:
         old = self.workers.get(name)
         if old is not None and old.alive():
             raise RuntimeError(f"worker {name} is already running")
-        proc = Proc(name=name, args=["worker"], log_path=self.root / f"{name}.log",
-                    env=self.worker_process_env(name)).start()
+        proc = self.worker_process(name).start()
         self.workers[name] = proc
         self.sampler.track(name, proc.pid)
         return proc
 
     def start_api(self, timeout_s: float = 90.0) -> str:
-        import httpx
-
-        port = localkafka.free_ports(1)[0]
-        self.api = Proc(name="api", args=["api"], log_path=self.root / "api.log", env=self.env(
-            KRON_API_HOST="127.0.0.1", KRON_API_PORT=str(port),
-            KRON_DATA_DIR=str(self.root / "api-state"),
+        self.api = ApiProcess(
+            self.settings, self.root, localkafka.free_ports(1)[0], base_env=clean_environ(),
+            new_session=True,
             # The bench measures the API's own cost, not the per-tenant limits.
-            KRON_TENANT_RATE_PER_S="1000000", KRON_TENANT_BURST="1000000",
-            KRON_TENANT_MAX_ACTIVE_JOBS="100000000")).start()
+            env={"KRON_TENANT_RATE_PER_S": "1000000", "KRON_TENANT_BURST": "1000000",
+                 "KRON_TENANT_MAX_ACTIVE_JOBS": "100000000"})
+        self.api.start(wait_path=None)
         self.sampler.track("api", self.api.pid)
-        self.api_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.api.alive():
-                raise SetupError(f"kron api exited:\n{self.api.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.api_url}/readyz", timeout=5).status_code == 200:
-                    return self.api_url
-            time.sleep(0.3)
-        raise SetupError(f"kron api not ready within {timeout_s:.0f}s:\n{self.api.tail()}")
+        self.api.wait_http(f"{self.api.url}/readyz", timeout_s)
+        self.api_url = self.api.url
+        return self.api_url
 
     def worker_names(self) -> list[str]:
         return list(self.workers)

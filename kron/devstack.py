@@ -1,4 +1,5 @@
-"""`make up` / `make down`: the local stack in the foreground, and its clean-up."""
+"""`make up` / `make down`: the local stack in the foreground, and its clean-up. The broker is
+kron.localkafka's, the worker and the API are kron.processes's."""
 
 from __future__ import annotations
 
@@ -7,16 +8,12 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import httpx
-
 from kron import localkafka
-from kron.errors import SetupError
+from kron.processes import KronProcess
 from kron.settings import Settings, format_api_keys, parse_api_keys
 from kron.topics import create_topics
 
@@ -54,38 +51,12 @@ def stack_env(environ: Mapping[str, str], cluster: localkafka.Cluster,
     }
 
 
-def spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    RUN.mkdir(parents=True, exist_ok=True)
-    log = (RUN / f"{name}.log").open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kron", *args], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    log.close()
+def spawn(name: str, args: list[str], env: dict[str, str]) -> KronProcess:
+    """`kron <args>` logging to .kron/run/<name>.log, its pid in .kron/run/<name>.pid (for
+    `make down` from another shell)."""
+    proc = KronProcess(name, args, env, RUN / f"{name}.log").start()
     (RUN / f"{name}.pid").write_text(f"{proc.pid}\n")
     return proc
-
-
-def terminate(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SetupError(f"{url} never answered: the process exited ({proc.returncode})")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise SetupError(f"{url} did not answer 200 within {timeout_s:.0f}s")
 
 
 def up(*, nodes: int = 1) -> None:
@@ -96,7 +67,7 @@ def up(*, nodes: int = 1) -> None:
     localkafka.start(cluster)
     env = stack_env(os.environ, cluster, keys)
     settings = Settings(bootstrap_servers=cluster.bootstrap_servers)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[KronProcess] = []
     try:
         create_topics(settings.model_copy(update={
             "replication_factor": cluster.replication_factor,
@@ -105,14 +76,14 @@ def up(*, nodes: int = 1) -> None:
         api = spawn("api", ["api"], env)
         procs.append(api)
         url = f"http://{settings.api_host}:{settings.api_port}"
-        wait_http(f"{url}/healthz", 60, api)
+        api.wait_http(f"{url}/healthz", 60)
         _banner(url, cluster, keys, procs)
         _watch(procs)
     except KeyboardInterrupt:
         print("\nkron: stopping ...")
     finally:
         for proc in reversed(procs):
-            terminate(proc)
+            proc.stop()
         localkafka.stop(cluster)
         for pid_file in RUN.glob("*.pid"):
             pid_file.unlink()
@@ -120,7 +91,7 @@ def up(*, nodes: int = 1) -> None:
 
 
 def _banner(url: str, cluster: localkafka.Cluster, keys: str,
-            procs: list[subprocess.Popen[bytes]]) -> None:
+            procs: list[KronProcess]) -> None:
     tenant, _, key = keys.split(",")[0].partition("=")
     print(
         f"kron is up.\n"
@@ -134,7 +105,7 @@ def _banner(url: str, cluster: localkafka.Cluster, keys: str,
     )
 
 
-def _watch(procs: list[subprocess.Popen[bytes]]) -> None:
+def _watch(procs: list[KronProcess]) -> None:
     stop = False
 
     def on_term(signum: int, frame: object) -> None:
@@ -144,7 +115,7 @@ def _watch(procs: list[subprocess.Popen[bytes]]) -> None:
     signal.signal(signal.SIGTERM, on_term)
     while not stop:
         for proc in procs:
-            if proc.poll() is not None:
+            if not proc.alive():
                 print(f"kron: process {proc.pid} exited with {proc.returncode}; stopping.")
                 return
         time.sleep(0.5)

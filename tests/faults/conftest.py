@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.support import FaultReceiver
+from bench.receiver import Receiver
 
 REPORT = Path(__file__).resolve().parent / "report.json"
 _RESULTS: list[dict[str, Any]] = []
@@ -46,8 +46,9 @@ def reliability(request: pytest.FixtureRequest) -> Reliability:
 
 
 @pytest.fixture
-def fault_receiver() -> Iterator[FaultReceiver]:
-    with FaultReceiver() as r:
+def fault_receiver() -> Iterator[Receiver]:
+    """The loopback target, with the paths that kill the worker calling them."""
+    with Receiver() as r:
         yield r
 
 

@@ -1,6 +1,7 @@
-"""Shared helpers of the fault-injection suite: a receiver that can kill the caller, a gate
-that never delivers a first request, a fleet of worker processes, a seeded load, the audit
-wrapper, the receiver-log judge and the consumer-lag checker.
+"""Shared helpers of the fault-injection suite: a gate that never delivers a first request, a
+fleet of worker processes, a seeded load, the audit wrapper, the receiver-log judge and the
+consumer-lag checker. The target is bench.receiver.Receiver (its /kill-* paths kill the
+worker that called); the processes are kron.processes's.
 
 Every process these helpers kill was started by the suite (a WorkerProcess's Popen, or a node
 of a cluster the test started); nothing is looked up by name.
@@ -25,12 +26,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from bench.receiver import Hit, KillEvent, Receiver, pid_of_peer
+from kron.processes import WorkerProcess
 from kron.settings import Settings
 from replay.audit import AuditReport, audit
 from replay.reader import read_topic
 from streams.domain.fencing import EpochFence, epoch_of_headers
-from tests.support.receiver import Hit, Receiver
-from tests.support.stack import Commands, WorkerProcess, spec, wait_until
+from tests.support.stack import Commands, spec, wait_until
 
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
@@ -46,128 +48,7 @@ def slot_of(hit: Hit) -> int:
     return int(datetime.fromisoformat(hit.headers["X-Kron-Scheduled-For"]).timestamp() * 1000)
 
 
-# --- which process holds a loopback connection --------------------------------------------
-
-
-def _socket_inodes(local_port: int, remote_port: int) -> set[str]:
-    """Inodes of 127.0.0.1 TCP sockets with this local and remote port (/proc/net/tcp)."""
-    out: set[str] = set()
-    with contextlib.suppress(OSError), open("/proc/net/tcp") as f:
-        next(f)
-        for line in f:
-            parts = line.split()
-            local, remote, inode = parts[1], parts[2], parts[9]
-            if (int(local.split(":")[1], 16) == local_port
-                    and int(remote.split(":")[1], 16) == remote_port):
-                out.add(inode)
-    return out
-
-
-def pid_of_peer(peer_port: int, server_port: int, candidates: list[int]) -> int | None:
-    """Which of `candidates` (pids the suite started) owns the client end of a connection."""
-    inodes = _socket_inodes(peer_port, server_port)
-    if not inodes:
-        return None
-    wanted = {f"socket:[{i}]" for i in inodes}
-    for pid in candidates:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
-                        return pid
-    return None
-
-
-# --- the receiver -------------------------------------------------------------------------
-
-
-@dataclass
-class KillEvent:
-    point: str
-    pid: int
-    key: str
-    at_ms: int
-
-
-class FaultReceiver(Receiver):
-    """tests.support.receiver.Receiver plus:
-
-      /kill-after-2xx/<tag>   200; right after the first response per key is written, SIGKILL
-                              the worker process that made the call (the worker has the 2xx
-                              but has not yet reported it)
-      /kill-on-arrival/<s>    SIGKILL the caller as soon as the first request per key arrives,
-                              then answer after <s> s (nobody reads it)
-      /status-ra/<codes>/<ra> the listed codes in turn per key, each with Retry-After: <ra>
-      /reset                  close the connection without an answer
-
-    `killable` maps pid -> name of the processes the receiver may kill (the suite's workers).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.killable: dict[int, str] = {}
-        self.kills: list[KillEvent] = []
-        self.responded: dict[str, int] = {}  # Idempotency-Key -> first 2xx written (ms)
-        self._killed_keys: set[tuple[str, str]] = set()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    def _status_for(self, path: str, key: str) -> tuple[int, float, dict[str, str]]:
-        parts = path.strip("/").split("/")
-        if parts[0] == "status-ra":
-            with self._lock:
-                n = self._counts[(path, key)]
-                self._counts[(path, key)] += 1
-            codes = [int(c) for c in parts[1].split(",")]
-            code = codes[min(n, len(codes) - 1)]
-            return code, 0.0, ({"Retry-After": parts[2]} if code >= 300 else {})
-        if parts[0] in ("kill-after-2xx", "kill-on-arrival"):
-            with self._lock:
-                n = self._counts[(path, key)]
-                self._counts[(path, key)] += 1
-            hold = parts[0] == "kill-on-arrival" and n == 0
-            return 200, (float(parts[1]) if hold else 0.0), {}
-        return super()._status_for(path, key)
-
-    def _kill_caller(self, req: Any, point: str, key: str) -> None:
-        with self._lock:
-            if (point, key) in self._killed_keys:
-                return
-            self._killed_keys.add((point, key))
-        pid = pid_of_peer(req.client_address[1], self.port, list(self.killable))
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self.kills.append(KillEvent(point=point, pid=pid, key=key, at_ms=now_ms()))
-
-    def _handle(self, req: Any) -> None:
-        path = req.path
-        key = req.headers.get("Idempotency-Key", "")
-        if path.startswith("/reset"):
-            with self._lock:
-                self.hits.append(Hit(path=path, headers=dict(req.headers.items()),
-                                     received_ms=now_ms(), status=0))
-            req.close_connection = True
-            with contextlib.suppress(OSError):
-                req.connection.shutdown(socket.SHUT_RDWR)
-            return
-        if path.startswith("/kill-on-arrival"):
-            threading.Thread(target=self._kill_caller, args=(req, "during_call", key),
-                             daemon=True).start()
-        super()._handle(req)
-        if 200 <= self._last_status(key, path) < 300:
-            self.responded.setdefault(key, now_ms())
-        if path.startswith("/kill-after-2xx"):
-            self._kill_caller(req, "after_2xx", key)
-
-    def _last_status(self, key: str, path: str) -> int:
-        with self._lock:
-            for h in reversed(self.hits):
-                if h.path == path and h.headers.get("Idempotency-Key") == key:
-                    return h.status
-        return 0
+# --- a gate in front of the receiver -------------------------------------------------------
 
 
 class Gate:
@@ -251,7 +132,7 @@ class Fleet:
     """The workers of one scenario. Cleans up (SIGKILL by Popen pid) even on failure."""
 
     def __init__(self, settings: Settings, log_dir: Path,
-                 receiver: FaultReceiver | None = None, **env: str) -> None:
+                 receiver: Receiver | None = None, **env: str) -> None:
         self.settings = settings
         self.log_dir = log_dir
         self.receiver = receiver
@@ -264,21 +145,17 @@ class Fleet:
         if old is not None:
             old.kill()
             self.retired.append(old)
-        w = WorkerProcess(self.settings, name, self.log_dir)
-        w.env.update(self.env)
-        w.env.update(env)
-        w.start()
+        w = WorkerProcess(self.settings, name, self.log_dir, env={**self.env, **env}).start()
         self.workers[name] = w
         if self.receiver is not None:
-            assert w.proc is not None
-            self.receiver.killable[w.proc.pid] = name
+            self.receiver.killable[w.pid] = name
         return w
 
     def by_worker_id(self, worker_id: str) -> WorkerProcess:
         return self.workers[worker_id]
 
     def alive(self) -> list[WorkerProcess]:
-        return [w for w in self.workers.values() if w.proc and w.proc.poll() is None]
+        return [w for w in self.workers.values() if w.alive()]
 
     def logs(self, tail: int = 1500) -> str:
         return "\n".join(f"--- {n} ---\n{w.log()[-tail:]}" for n, w in self.workers.items())

@@ -27,10 +27,11 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from bench.receiver import Receiver
 from kron import localkafka
+from kron.processes import ApiProcess
 from tests.conftest import REPO, fresh_settings
 from tests.faults.support import (
-    FaultReceiver,
     Fleet,
     Load,
     explain_slots,
@@ -42,7 +43,7 @@ from tests.faults.support import (
     wait_settled,
     warm_up,
 )
-from tests.support.stack import ApiProcess, Commands
+from tests.support.stack import Commands
 
 pytestmark = pytest.mark.integration
 
@@ -121,15 +122,13 @@ CRON_WINDOW_MS = 45_000  # covers the 3 s lead, the faults and some of the 8 s a
 
 def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> None:
     tag = uuid.uuid4().hex[:6]
-    with own_cluster(size) as cluster, FaultReceiver() as rcv:
+    with own_cluster(size) as cluster, Receiver() as rcv:
         overrides = ({"replication_factor": 3, "min_insync_replicas": 2} if size == 3 else {})
         settings = fresh_settings(cluster, tmp_path / "d", session_timeout_s=6.0,
                                   tenant_burst=1000, **overrides)
-        env = ({"KRON_REPLICATION_FACTOR": "3", "KRON_MIN_INSYNC_REPLICAS": "2"}
-               if size == 3 else {})
         commands = Commands(settings)
         api = ApiProcess(settings, tmp_path, localkafka.free_ports(1)[0])
-        with Fleet(settings, tmp_path, rcv, **env) as fleet:
+        with Fleet(settings, tmp_path, rcv) as fleet:  # RF and min ISR: from settings
             fleet.start("w1")
             fleet.start("w2")
             try:
@@ -266,7 +265,7 @@ def _trace(settings, job_ids: set[str], fleet: Fleet) -> str:
                       "worker log lines naming them:", *lines[-60:]])
 
 
-def _hits_per_s(rcv: FaultReceiver) -> str:
+def _hits_per_s(rcv: Receiver) -> str:
     """Calls the receiver took, per second of the run: a gap tells a stalled receiver (or
     a connection that never reached it) from a worker that made no call."""
     per_s = collections.Counter(h.received_ms // 1000 for h in list(rcv.hits))

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from kron.localkafka import free_ports
+from kron.processes import ApiProcess
 from kron.settings import Settings
 from replay.reader import read_topic
 from tests.conftest import fresh_settings
@@ -37,7 +38,6 @@ from tests.faults.support import (
     wait_settled,
     wait_until,
 )
-from tests.support.stack import ApiProcess
 
 pytestmark = pytest.mark.integration
 HEADERS = {"X-API-Key": "key-acme"}

@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.receiver import Receiver
 from kron.localkafka import free_ports
+from kron.processes import ApiProcess, WorkerProcess
 from kron.settings import Settings
 from tests.conftest import fresh_settings
-from tests.support.receiver import Receiver
-from tests.support.stack import ApiProcess, Commands, WorkerProcess, spec
+from tests.support.stack import Commands, spec
 
 
 @pytest.fixture

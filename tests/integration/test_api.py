@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from kron.localkafka import free_ports
-from tests.support.stack import ApiProcess, WorkerProcess, wait_until
+from kron.processes import ApiProcess, WorkerProcess
+from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from kron.localkafka import free_ports
+from kron.processes import ApiProcess
 from kron.settings import Settings
-from tests.support.stack import ApiProcess
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from kron.localkafka import free_ports
-from tests.support.stack import ApiProcess, wait_until
+from kron.processes import ApiProcess
+from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.integration
 

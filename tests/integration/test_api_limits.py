@@ -18,7 +18,7 @@ import pytest
 
 from api.models import BODY_MAX, HEADER_NAME_MAX, HEADER_VALUE_MAX, HEADERS_MAX
 from kron.localkafka import free_ports
-from tests.support.stack import ApiProcess
+from kron.processes import ApiProcess
 
 pytestmark = pytest.mark.integration
 

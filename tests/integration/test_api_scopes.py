@@ -14,10 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.receiver import Receiver
 from kron.localkafka import free_ports
+from kron.processes import ApiProcess, WorkerProcess
 from tests.conftest import fresh_settings
-from tests.support.receiver import Receiver
-from tests.support.stack import ApiProcess, WorkerProcess, wait_until
+from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.integration
 

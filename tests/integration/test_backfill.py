@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from api.backfill import MAX_BACKFILL_SLOTS
+from bench.receiver import Hit
 from streams.engine.backfill import BACKFILL_PAGE
-from tests.support.receiver import Hit
 from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.integration

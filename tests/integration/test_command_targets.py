@@ -19,17 +19,11 @@ import httpx
 import pytest
 
 from kron.localkafka import free_ports as _free_ports
+from kron.processes import ApiProcess, WorkerProcess
 from kron.settings import Settings
 from replay.reader import read_topic
 from tests.conftest import fresh_settings
-from tests.support.stack import (
-    ApiProcess,
-    Commands,
-    WorkerProcess,
-    latest_executions,
-    spec,
-    wait_until,
-)
+from tests.support.stack import Commands, latest_executions, spec, wait_until
 
 pytestmark = pytest.mark.integration
 

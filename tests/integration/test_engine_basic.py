@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from bench.receiver import Receiver
 from kron.settings import Settings
-from tests.support.receiver import Receiver
 from tests.support.stack import Commands, latest_executions, spec, wait_until
 
 pytestmark = pytest.mark.integration
@@ -59,10 +59,10 @@ def test_ticks_and_results_of_owned_partitions_skip_the_signals_topic(
     owns without a round trip through kron.signals; with KRON_LOCAL_TICKS=false and
     KRON_LOCAL_RESULTS=false each tick and each batch is an event. Either way every
     execution ends `succeeded`, once."""
+    from kron.processes import WorkerProcess
     from replay.reader import read_topic
     from schemas.names import ATTEMPTS_FINISHED, TICK
     from tests.conftest import fresh_settings
-    from tests.support.stack import WorkerProcess
 
     settings = fresh_settings(kafka_cluster, tmp_path / "d")
     commands = Commands(settings)

@@ -9,8 +9,9 @@ import uuid
 
 import pytest
 
+from kron.processes import WorkerProcess
 from tests.conftest import fresh_settings
-from tests.support.stack import Commands, WorkerProcess, latest_executions, spec, wait_until
+from tests.support.stack import Commands, latest_executions, spec, wait_until
 
 pytestmark = pytest.mark.integration
 

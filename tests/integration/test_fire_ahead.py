@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from kron.processes import WorkerProcess
 from tests.conftest import fresh_settings
-from tests.support.stack import Commands, WorkerProcess, latest_executions, spec, wait_until
+from tests.support.stack import Commands, latest_executions, spec, wait_until
 
 pytestmark = pytest.mark.integration
 

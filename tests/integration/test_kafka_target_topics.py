@@ -13,20 +13,14 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
+from bench.receiver import Receiver
 from kron.localkafka import Cluster, free_ports
+from kron.processes import ApiProcess, WorkerProcess
 from kron.settings import Settings
 from kron.topics import admin_client
 from replay.reader import read_topic
 from tests.conftest import fresh_settings
-from tests.support.receiver import Receiver
-from tests.support.stack import (
-    ApiProcess,
-    Commands,
-    WorkerProcess,
-    latest_executions,
-    spec,
-    wait_until,
-)
+from tests.support.stack import Commands, latest_executions, spec, wait_until
 
 pytestmark = pytest.mark.integration
 

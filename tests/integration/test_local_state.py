@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kron.processes import WorkerProcess
 from tests.conftest import fresh_settings
-from tests.support.stack import Commands, WorkerProcess, spec, wait_until
+from tests.support.stack import Commands, spec, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from kron.processes import WorkerProcess
 from tests.conftest import fresh_settings
-from tests.support.stack import Commands, WorkerProcess, spec, wait_until
+from tests.support.stack import Commands, spec, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -20,13 +20,14 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from api.publisher import CommandPublisher
+from bench.receiver import Receiver
 from kron import localkafka
 from kron.kafka_security import confluent_config
+from kron.processes import WorkerProcess
 from kron.settings import Settings
 from kron.topics import create_topics
 from replay.reader import read_topic
-from tests.support.receiver import Receiver
-from tests.support.stack import WorkerProcess, spec
+from tests.support.stack import spec
 
 pytestmark = pytest.mark.integration
 

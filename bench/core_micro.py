@@ -55,7 +55,7 @@ class Table:
         self.data = self
         self.floor = KeyFloor()
 
-    def _db_for_partition(self, partition: int) -> Rdict:
+    def partition_db(self, partition: int) -> Rdict:
         return self.db
 
     def write(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> None:

@@ -47,6 +47,7 @@ from streams.lease import OwnershipLease
 from streams.rebalance import RebalanceGate
 from streams.reports import ResultBatcher, result_item
 from streams.restore import read_range
+from streams.runtime.group import FaustRuntime
 from streams.tables import FencedTable
 from streams.targets import CommandRunner, HttpRunner, KafkaRunner
 from streams.ticker import BEHIND_BACKLOG, Ticker
@@ -99,13 +100,14 @@ class Engine:
         self.clock = clock or SystemClock()
         self.stats = Stats()
         self.lease = OwnershipLease(clock=self.clock, session_timeout_s=settings.session_timeout_s)
-        self._owned: frozenset[int] = frozenset()
-        self._owned_for: object = None
         self._fetches_decided = False
         # Set as a graceful stop begins: from then on nothing is applied here (ticks and
         # results go through kron.signals), so no store is reopened while Faust closes them.
         self._stopping = False
         self.app = self._build_app()
+        # Faust's and aiokafka's internals, behind one interface (streams/runtime/); it
+        # refuses to be built on library versions that lack one of them.
+        self.runtime = FaustRuntime(self.app, owned_topic=settings.topic("signals"))
         self.gate = RebalanceGate()
         self.gate.install(self.app)
         p = settings.partitions
@@ -217,7 +219,7 @@ class Engine:
     def _guard_commits(self) -> None:
         """Faust can drop a record at a rebalance and commit over it (streams.commits)."""
         self.commit_guard = CommitGuard(
-            consumer=self.app.consumer, monotonic=self.clock.monotonic,
+            commits=self.runtime.commit_control(), monotonic=self.clock.monotonic,
             sources={self.settings.topic("commands"), self.settings.topic("signals")},
             before_commit=self.changelog.flush,
             before_commit_timeout_s=self.settings.session_timeout_s / 2,
@@ -359,28 +361,14 @@ class Engine:
         await self.signals.send(key=b"results", value=value, partition=partition)
 
     def coordinator(self) -> Any:
-        try:
-            consumer: Any = self.app.consumer
-            return consumer._thread._consumer._coordinator
-        except AttributeError:  # not started yet
-            return None
+        return self.runtime.coordinator()
 
     def epoch(self) -> int:
         """The consumer group generation: it only grows, so it fences older owners."""
-        generation = getattr(self.coordinator(), "generation", 0)
-        return generation if isinstance(generation, int) and generation > 0 else 0
+        return self.runtime.epoch()
 
     def owned_partitions(self) -> frozenset[int]:
-        """Asked before every dispatch: rebuilt only when Faust installs a new assignment
-        (it replaces the object, never mutates it), not per call (3% of the loop at 1.5k/s)."""
-        assignment = getattr(self.app.assignor, "_assignment", None)
-        if assignment is None:  # before the first assignment
-            return frozenset()
-        if assignment is not self._owned_for:
-            actives = assignment.actives.get(self.settings.topic("signals"), ())
-            self._owned = frozenset(actives)
-            self._owned_for = assignment
-        return self._owned
+        return self.runtime.owned_partitions()
 
     def _results_may_wait(self) -> bool:
         """Results that may wait (streams/reports.py) do, while attempts are queued for a
@@ -395,7 +383,7 @@ class Engine:
 
     def owns(self, partition: int) -> bool:
         """May this process still act for the partition? Checked before every dispatch."""
-        return self.lease.valid() and partition in self.owned_partitions()
+        return self.lease.valid() and partition in self.runtime.owned_partitions()
 
     async def _hold_lease(self) -> None:
         """Act only inside the lease. After a pause longer than the session (SIGSTOP, a
@@ -437,25 +425,7 @@ class Engine:
     # --- the agent ---------------------------------------------------------------------------
 
     def _tune_fetches(self) -> None:
-        """Let the broker gather records for up to FETCH_WAIT_MS while this worker's own
-        ticks or results travel as events: with fetch.min.bytes at aiokafka's 1 (Faust
-        does not expose it), a spread-out load got one fetch round trip per record, and the
-        consumer thread used a third of the worker's CPU.
-
-        With both applied here (the default) the topics carry commands and other owners'
-        signals only, and Faust's own fetches (return with any record, else after 1.5 s)
-        are kept: the 5 ms waits woke the consumer thread 200 times a second for nothing,
-        7.1% of a core at 500 executions/s (0.5% with 200 ms waits), contending for the
-        GIL with the event loop."""
-        if self.settings.local_ticks and self.settings.local_results:
-            self._fetches_decided = True
-            return
-        fetcher = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
-        fetcher = getattr(fetcher, "_fetcher", None)
-        if fetcher is not None:
-            fetcher._fetch_min_bytes = FETCH_MIN_BYTES
-            fetcher._fetch_max_wait_ms = FETCH_WAIT_MS
-            self._fetches_decided = True
+        self._fetches_decided = tune_fetches(self.runtime, self.settings)
 
     async def _agent(self, stream: Any) -> None:
         async for event in stream.events():
@@ -487,7 +457,7 @@ class Engine:
             await self._apply(effects, msg.partition)
 
     def _core(self, partition: int, rec: dict[str, Any]) -> tuple[PartitionCore, Context]:
-        epoch = self.epoch()
+        epoch = self.runtime.epoch()
         store = TableStore(jobs=self.jobs, executions=self.executions, timers=self.timers,
                            partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
                            terminal=self.terminal, job_cache=self.job_cache,
@@ -656,6 +626,22 @@ def _environmental(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def tune_fetches(runtime: FaustRuntime, settings: Settings) -> bool:
+    """Let the broker gather records for up to FETCH_WAIT_MS while this worker's own
+    ticks or results travel as events: with fetch.min.bytes at aiokafka's 1 (Faust
+    does not expose it), a spread-out load got one fetch round trip per record, and the
+    consumer thread used a third of the worker's CPU.
+
+    With both applied here (the default) the topics carry commands and other owners'
+    signals only, and Faust's own fetches (return with any record, else after 1.5 s)
+    are kept: the 5 ms waits woke the consumer thread 200 times a second for nothing,
+    7.1% of a core at 500 executions/s (0.5% with 200 ms waits), contending for the
+    GIL with the event loop."""
+    if settings.local_ticks and settings.local_results:
+        return True  # decided: Faust's own fetches are kept
+    return runtime.tune_fetches(min_bytes=FETCH_MIN_BYTES, max_wait_ms=FETCH_WAIT_MS)
 
 
 def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:

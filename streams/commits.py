@@ -23,6 +23,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from streams.runtime.group import CommitControl
+
 log = logging.getLogger("kron.commits")
 
 # A hole is sought back at most this often per partition: the re-read needs time to arrive.
@@ -42,11 +44,11 @@ def has_hole(*, head: int | None, committed: int | None) -> bool:
 
 
 class CommitGuard:
-    def __init__(self, *, consumer: Any, sources: set[str], monotonic: Any,
+    def __init__(self, *, commits: CommitControl, sources: set[str], monotonic: Any,
                  before_commit: Callable[[], Awaitable[None]] | None = None,
                  before_commit_timeout_s: float = 5.0,
                  generation: Callable[[], int] = lambda: 0) -> None:
-        self._consumer = consumer
+        self._commits = commits
         self._before_commit = before_commit
         # A commit during a revoke runs inside the rebalance: it must not wait longer than
         # the group's patience. Skipping one is safe, the next one covers the same writes.
@@ -59,30 +61,35 @@ class CommitGuard:
         self.holes = 0
 
     def install(self) -> None:
-        consumer = self._consumer
-        seek, new_offset = consumer.perform_seek, consumer._new_offset
+        commits = self._commits
 
-        async def perform_seek() -> None:
-            await seek()
-            await self._seek_uncommitted_from_start()
+        def after_seek(seek: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+            async def perform_seek() -> None:
+                await seek()
+                await self._seek_uncommitted_from_start()
+            return perform_seek
 
-        def guarded_new_offset(tp: Any) -> int | None:
-            return None if self._hole(tp) else new_offset(tp)
+        def guarded(new_offset: Callable[[Any], int | None]) -> Callable[[Any], int | None]:
+            def guarded_new_offset(tp: Any) -> int | None:
+                return None if self._hole(tp) else new_offset(tp)
+            return guarded_new_offset
 
-        add_gap = consumer._add_gap
+        def sources_without_gaps(add_gap: Callable[[Any, int, int], Awaitable[None]],
+                                 ) -> Callable[[Any, int, int], Awaitable[None]]:
+            async def guarded_add_gap(tp: Any, offset_from: int, offset_to: int) -> None:
+                # Source topics are neither compacted nor transactional, so a jump in their
+                # offsets is never a real gap: it is a record delivered from a fetch made
+                # before a seek back. Counting the jump as done would commit over the
+                # records sought.
+                if tp.topic not in self._sources:
+                    await add_gap(tp, offset_from, offset_to)
+            return guarded_add_gap
 
-        async def guarded_add_gap(tp: Any, offset_from: int, offset_to: int) -> None:
-            # Source topics are neither compacted nor transactional, so a jump in their
-            # offsets is never a real gap: it is a record delivered from a fetch made before
-            # a seek back. Counting the jump as done would commit over the records sought.
-            if tp.topic not in self._sources:
-                await add_gap(tp, offset_from, offset_to)
-
-        consumer.perform_seek = perform_seek
-        consumer._new_offset = guarded_new_offset
-        consumer._add_gap = guarded_add_gap
+        commits.wrap_perform_seek(after_seek)
+        commits.wrap_new_offset(guarded)
+        commits.wrap_add_gap(sources_without_gaps)
         if self._before_commit is not None:
-            consumer._commit = self._durable_first(consumer._commit)
+            commits.wrap_commit(self._durable_first)
 
     def _durable_first(self, commit: Callable[[Any], Awaitable[bool]]) -> Any:
         """Commit source offsets only once the state writes of those records are acked.
@@ -105,17 +112,17 @@ class CommitGuard:
     async def _seek_uncommitted_from_start(self) -> None:
         # aiokafka seeks only to committed offsets above 0, so a partition nobody has
         # committed yet keeps its position past records dropped during the assignment.
-        consumer = self._consumer
-        for tp in consumer.assignment():
-            if tp.topic in self._sources and not consumer._committed_offset.get(tp):
-                await consumer.seek(tp, 0)
+        commits = self._commits
+        for tp in commits.assignment():
+            if tp.topic in self._sources and not commits.committed(tp):
+                await commits.seek(tp, 0)
 
     def _hole(self, tp: Any) -> bool:
-        consumer = self._consumer
+        commits = self._commits
         if tp.topic not in self._sources:
             return False
-        committed = consumer._committed_offset.get(tp)
-        head = head_offset(consumer._acked.get(tp, ()), consumer._gap.get(tp, ()))
+        committed = commits.committed(tp)
+        head = head_offset(commits.acked(tp), commits.gaps(tp))
         if not has_hole(head=head, committed=committed):
             return False
         now = self._monotonic()
@@ -132,19 +139,19 @@ class CommitGuard:
         return True
 
     async def _read_again(self, tp: Any, committed: int, generation: int) -> None:
-        consumer = self._consumer
-        earliest = (await consumer.earliest_offsets(tp)).get(tp)
-        if (generation != self._generation() or tp not in consumer.assignment()
-                or (consumer._committed_offset.get(tp) or 0) != committed):
+        commits = self._commits
+        earliest = (await commits.earliest_offsets(tp)).get(tp)
+        if (generation != self._generation() or tp not in commits.assignment()
+                or (commits.committed(tp) or 0) != committed):
             return  # a rebalance came in between: Faust has sought to the committed offset
         if earliest is not None and earliest > committed:
             # Retention deleted them (the group was away longer than the topic keeps
             # records): nothing is left to read, and waiting would stall commits for good.
             log.warning("records %s..%s of %s[%s] are gone (retention); committing from %s",
                         committed, earliest - 1, tp.topic, tp.partition, earliest)
-            consumer._committed_offset[tp] = earliest
+            commits.set_committed(tp, earliest)
             return
-        await consumer.seek(tp, committed)
+        await commits.seek(tp, committed)
 
     def _seek_done(self, task: asyncio.Task[Any]) -> None:
         self._seeks.discard(task)

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from kron.clock import Clock
+from streams.runtime.group import SendReq, wrap_group_requests
 
 log = logging.getLogger("kron.lease")
 
@@ -26,7 +27,7 @@ class OwnershipLease:
         self._clock = clock
         self._window_s = max(0.5, session_timeout_s - margin_s)
         self._confirmed_at: float | None = None
-        self._coordinator: Any = None
+        self._watched: Any = None
 
     def confirm(self, sent_at: float) -> None:
         """A request sent at `sent_at` (monotonic) was acknowledged without error."""
@@ -47,21 +48,22 @@ class OwnershipLease:
         aiokafka keeps no record of when a heartbeat last succeeded in a form we can read,
         so the lease listens to the requests themselves.
         """
-        if coordinator is None or coordinator is self._coordinator:
+        if coordinator is None or coordinator is self._watched:
             return
-        self._coordinator = coordinator
-        original = coordinator._send_req
+        self._watched = coordinator
         clock, lease = self._clock, self
 
-        async def send_req(request: Any) -> Any:
-            sent_at = clock.monotonic()
-            response = await original(request)
-            if (type(request).__name__.startswith(_CONFIRMING)
-                    and getattr(response, "error_code", None) == 0):
-                lease.confirm(sent_at)
-            return response
+        def confirming(original: SendReq) -> SendReq:
+            async def send_req(request: Any) -> Any:
+                sent_at = clock.monotonic()
+                response = await original(request)
+                if (type(request).__name__.startswith(_CONFIRMING)
+                        and getattr(response, "error_code", None) == 0):
+                    lease.confirm(sent_at)
+                return response
+            return send_req
 
-        coordinator._send_req = send_req
+        wrap_group_requests(coordinator, confirming)
         # Installed once, at start-up: nothing stale can be acted on before this point.
         self.confirm(clock.monotonic())
         log.info("ownership lease watching the group coordinator")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from streams.runtime.group import follow_rebalances
+
 
 class RebalanceGate:
     def __init__(self) -> None:
@@ -42,15 +44,4 @@ class RebalanceGate:
     def install(self, app: Any) -> None:
         """Follow Faust's rebalance start (called in the consumer thread as soon as it learns
         of a rebalance) and end (after the tables of the new assignment are recovered)."""
-        start, end = app.on_rebalance_start, app.on_rebalance_end
-
-        def on_rebalance_start() -> None:
-            self.started(int(app.consumer_generation_id or 0))
-            start()
-
-        def on_rebalance_end() -> None:
-            end()
-            self.ended(int(app.consumer_generation_id or 0))
-
-        app.on_rebalance_start = on_rebalance_start
-        app.on_rebalance_end = on_rebalance_end
+        follow_rebalances(app, started=self.started, ended=self.ended)

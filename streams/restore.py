@@ -29,11 +29,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.domain.fencing import EpochFence, epoch_of_headers
+from streams.runtime import OFFSET_KEY
 
 log = logging.getLogger("kron.restore")
 
-# Faust's persisted-offset key inside each partition store.
-OFFSET_KEY = b"__faust\x00offset__"
 BATCH = 10_000
 PROGRESS_EVERY_S = 5.0
 WATERMARK_DEADLINE_S = 60.0

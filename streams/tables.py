@@ -20,6 +20,7 @@ from faust.types import TP
 
 from streams.changelog import Changelog
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
+from streams.runtime.stores import StoreTable
 
 # (topic, partition, first offset, end offset) -> the records in that range, in order.
 GapReader = Callable[[str, int, int, int], list[Any]]
@@ -92,7 +93,7 @@ def unlogged_writes() -> rocksdict.WriteOptions:
     return options
 
 
-class FencedTable(faust.Table[Any, Any]):
+class FencedTable(StoreTable):
     """A table whose changelog is judged by owner epoch on every replay."""
 
     def __init__(self, *args: Any, epoch: Callable[[], int],
@@ -110,18 +111,15 @@ class FencedTable(faust.Table[Any, Any]):
         self.fence = EpochFence()
         self.floor = KeyFloor()
 
-    def _new_store(self) -> Any:
-        store = super()._new_store()
+    def adapt_store(self, store: Any) -> None:
         if hasattr(store, "rocksdb_options"):  # not for Faust's memory:// store
             store.rocksdb_options = WithoutWal(store.rocksdb_options)
-        return store
 
     async def on_stop(self) -> None:
         """Write the memtables out before the store lets go of its DBs (WithoutWal).
         RocksDB also flushes a log-less memtable when the DB closes, but that happens only
         once the last reference (an iterator, say) is gone; this does not wait for it."""
-        dbs = getattr(self.data, "_dbs", {})
-        for partition, db in list(dbs.items()):
+        for partition, db in self.open_dbs().items():
             try:
                 db.flush(True)
             except Exception as exc:  # the restart reads more of the changelog; no loss
@@ -154,7 +152,7 @@ class FencedTable(faust.Table[Any, Any]):
             key=key, value=value, partition=partition, headers=self._epoch_headers(epoch),
             key_serializer=key_serializer or self.key_serializer,
             value_serializer=value_serializer or self.value_serializer,
-            callback=self._on_changelog_sent, eager_partitioning=True)
+            callback=self.on_changelog_sent, eager_partitioning=True)
 
     def _admit_own(self, partition: int, epoch: int) -> None:
         """Our own writes raise the mark too: a replaced owner's late write after them must
@@ -186,8 +184,7 @@ class FencedTable(faust.Table[Any, Any]):
         see it at once; the key floor learns of a new key."""
         assert self._changelog is not None, "direct writes need the librdkafka changelog"
         self._produce(partition, key, value, epoch)
-        store: Any = self.data  # the RocksDB store: one rocksdict per partition
-        db = store._db_for_partition(partition)
+        db = self.partition_db(partition)
         if value is None:
             db.delete(key)
         else:

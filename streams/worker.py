@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -70,22 +69,13 @@ def _restore_stores(settings: Settings, engine: Any) -> None:
 
 
 def _bounded_stop_worker_class() -> Any:
-    import faust  # imported only when a worker runs
+    """A graceful stop that hangs must not keep the group waiting for this member: a
+    rebalance storm test once saw a stopping worker hang and the survivors idle for two
+    minutes. After STOP_GRACE_S the process exits hard; its local state is not marked
+    clean, so the next start rebuilds it from Kafka."""
+    from streams.runtime.stop import bounded_stop_worker_class
 
-    class BoundedStopWorker(faust.Worker):
-        """A graceful stop that hangs must not keep the group waiting for this member: a
-        rebalance storm test once saw a stopping worker hang and the survivors idle for two
-        minutes. After STOP_GRACE_S the process exits hard; its local state is not marked
-        clean, so the next start rebuilds it from Kafka."""
-
-        def _schedule_shutdown(self, signal: Any) -> None:
-            if not self._signal_stop_time:
-                timer = threading.Timer(STOP_GRACE_S, _hard_exit)
-                timer.daemon = True
-                timer.start()
-            super()._schedule_shutdown(signal)
-
-    return BoundedStopWorker
+    return bounded_stop_worker_class(STOP_GRACE_S, _hard_exit)
 
 
 def _hard_exit() -> None:

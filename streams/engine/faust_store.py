@@ -1,9 +1,9 @@
 """The partition store backed by Faust RocksDB tables whose changelogs are kron's topics.
 
 Reads and writes go through the tables (so every write reaches the changelog), except the
-ordered range scan of the time index, which reads the partition's rocksdict directly:
-Faust's table API has no ordered scan. That access is read-only and never held across an
-await, because a rebalance may close the DB.
+ordered range scan of the time index, which reads the partition's rocksdict directly
+(`table.partition_db`, streams.runtime.stores): Faust's table API has no ordered scan. That
+access is read-only and never held across an await, because a rebalance may close the DB.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from schemas import codec
 from streams.domain.timer import TimerKind, due_of, due_prefix_upper_bound, kind_of
 from streams.engine.store import TERMINAL, Record, copy_record, record_copier
+from streams.runtime import OFFSET_KEY as FAUST_OFFSET_KEY
 
-FAUST_OFFSET_KEY = b"__faust\x00offset__"
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
 
@@ -26,10 +26,6 @@ EXECUTION_STATE = "kron.executions.ExecutionState"
 def job_encoder() -> codec.SplicedEncoder:
     """A job's spec is re-encoded only when it is replaced (create, update)."""
     return codec.SplicedEncoder(JOB_STATE, "spec")
-
-
-def partition_db(table: Any, partition: int) -> Any:
-    return table.data._db_for_partition(partition)
 
 
 def first_timer_key(table: Any, partition: int) -> bytes | None:
@@ -51,7 +47,7 @@ def fire_dues(table: Any, partition: int, after_ms: int, until_ms: int,
               limit: int) -> list[int]:
     """Due times of the FIRE timers due in (after_ms, until_ms], at most `limit`. Keys
     only: a spike's thousands of timers are counted, not read."""
-    it = partition_db(table, partition).iter()
+    it = table.partition_db(partition).iter()
     it.seek(due_prefix_upper_bound(after_ms))
     upper = due_prefix_upper_bound(until_ms)
     dues: list[int] = []
@@ -70,7 +66,7 @@ def scan(table: Any, partition: int, *, upper: bytes | None = None,
     """Ordered (key, value) pairs from the start of the partition's DB, below `upper`."""
     floor = getattr(table, "floor", None)
     start = floor.get(partition) if floor is not None else None
-    it = partition_db(table, partition).iter()
+    it = table.partition_db(partition).iter()
     if start is None:
         it.seek_to_first()
     else:
@@ -97,7 +93,7 @@ def scan_range(table: Any, partition: int, lower: bytes,
                upper: bytes) -> Generator[tuple[bytes, bytes]]:
     """Ordered (key, value) pairs with lower <= key < upper. A RocksDB iterator reads the
     snapshot of its creation, so writes made meanwhile are not seen."""
-    it = partition_db(table, partition).iter()
+    it = table.partition_db(partition).iter()
     it.seek(lower)
     while it.valid():
         key = bytes(it.key())
@@ -216,7 +212,7 @@ class TableStore:
         self._execution_cache = execution_cache
 
     def _get(self, table: Any, key: bytes) -> bytes | None:
-        raw = partition_db(table, self._partition).get(key)
+        raw = table.partition_db(self._partition).get(key)
         return None if raw is None else bytes(raw)
 
     def _read(self, table: Any, cache: RecordCache, key: bytes) -> Record | None:

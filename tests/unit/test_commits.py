@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from intervaltree import IntervalTree
 
 from streams.commits import RESEEK_S, CommitGuard, has_hole, head_offset
+from streams.runtime.group import CommitControl
 
 SRC = TP("kron.commands", 2)
 OTHER = TP("kron.jobs-changelog", 2)
@@ -66,7 +67,7 @@ def guarded(committed: dict[TP, int | None], generation: list[int] | None = None
             ) -> tuple[BookkeepingConsumer, CommitGuard, Clock]:
     consumer, clock = BookkeepingConsumer(committed), Clock()
     gen = generation or [1]
-    guard = CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=clock,
+    guard = CommitGuard(commits=CommitControl(consumer), sources={SRC.topic}, monotonic=clock,
                         generation=lambda: gen[0])
     guard.install()
     return consumer, guard, clock
@@ -171,7 +172,7 @@ def test_offsets_are_committed_only_after_the_state_writes_are_acked() -> None:
     async def scenario() -> None:
         consumer = BookkeepingConsumer({SRC: 27})
         consumer._commit = commit  # type: ignore[attr-defined]
-        CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=Clock(),
+        CommitGuard(commits=CommitControl(consumer), sources={SRC.topic}, monotonic=Clock(),
                     before_commit=writes_acked).install()
         pending = asyncio.ensure_future(consumer._commit({SRC: 30}))  # type: ignore[attr-defined]
         await asyncio.sleep(0.01)
@@ -196,7 +197,7 @@ def test_a_failed_state_write_keeps_the_offsets_uncommitted() -> None:
     async def scenario() -> bool:
         consumer = BookkeepingConsumer({SRC: 27})
         consumer._commit = commit  # type: ignore[attr-defined]
-        CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=Clock(),
+        CommitGuard(commits=CommitControl(consumer), sources={SRC.topic}, monotonic=Clock(),
                     before_commit=write_failed).install()
         return bool(await consumer._commit({SRC: 30}))  # type: ignore[attr-defined]
 
@@ -268,7 +269,7 @@ def test_a_commit_does_not_wait_for_acks_longer_than_its_timeout() -> None:
     async def scenario() -> bool:
         consumer = BookkeepingConsumer({SRC: 27})
         consumer._commit = commit  # type: ignore[attr-defined]
-        CommitGuard(consumer=consumer, sources={SRC.topic}, monotonic=Clock(),
+        CommitGuard(commits=CommitControl(consumer), sources={SRC.topic}, monotonic=Clock(),
                     before_commit=never_acked, before_commit_timeout_s=0.05).install()
         return bool(await asyncio.wait_for(
             consumer._commit({SRC: 30}), 5))  # type: ignore[attr-defined]

@@ -31,13 +31,13 @@ from tests.support.stack import spec
 
 
 class DbTable:
-    """One partition's RocksDB behind the two calls TableStore makes on a table."""
+    """One partition's RocksDB behind the two calls TableStore makes on a table
+    (partition_db and write, as streams.tables.FencedTable has them)."""
 
     def __init__(self, path: Path) -> None:
         self.db = Rdict(str(path))
-        self.data = self
 
-    def _db_for_partition(self, partition: int) -> Rdict:
+    def partition_db(self, partition: int) -> Rdict:
         return self.db
 
     def write(self, partition: int, key: bytes, value: bytes | None, epoch: int) -> None:

@@ -1,7 +1,8 @@
 """The one rendering of a time: epoch milliseconds as RFC 3339 in UTC, with milliseconds.
 
-``2026-11-30T00:00:00.000Z``: the API's times (a public contract), the
-``X-Kron-Scheduled-For`` header and ``KRON_SCHEDULED_FOR``, and the audit's findings.
+``2026-11-30T00:00:00.000Z``: the API's times (a public contract) and the audit's findings;
+the ``X-Kron-Scheduled-For`` header and ``KRON_SCHEDULED_FOR`` carry the same instant with a
+``+00:00`` offset (streams/executor.py), as targets always received it.
 """
 
 from __future__ import annotations

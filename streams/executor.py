@@ -360,6 +360,10 @@ class Executor:
             "final": False, "retry_after_s": out.retry_after_s}
 
 
-# X-Kron-Scheduled-For. A spike's attempts share their slot; remembering it took an attempt's
-# cost to the executor from 20.3 to 18.2 us (no runner, 100k attempts).
-_iso = functools.lru_cache(maxsize=1024)(iso)
+@functools.lru_cache(maxsize=1024)
+def _iso(ms: int) -> str:
+    """X-Kron-Scheduled-For and KRON_SCHEDULED_FOR: the instant as kron.timefmt renders it,
+    with the `+00:00` offset targets have always received (a target's parser may not take
+    `Z`). A spike's attempts share their slot; remembering it took an attempt's cost to the
+    executor from 20.3 to 18.2 us (no runner, 100k attempts)."""
+    return f"{iso(ms)[:-1]}+00:00"

@@ -1,9 +1,9 @@
-"""One time formatter: the API, the X-Kron-Scheduled-For header and the audit's findings
-render a time alike."""
+"""One time formatter: the API and the audit's findings render a time alike, and the
+X-Kron-Scheduled-For header the same instant with the offset targets have always had."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 
@@ -19,8 +19,11 @@ from streams import executor
     (-1, "1969-12-31T23:59:59.999Z"),
 ])
 def test_every_rendering_is_the_one(ms: int, text: str) -> None:
-    assert iso(ms) == models.iso(ms) == executor._iso(ms) == audit.iso(ms) == text
+    assert iso(ms) == models.iso(ms) == audit.iso(ms) == text
     assert datetime.fromisoformat(text).timestamp() * 1000 == pytest.approx(ms)
+    # The header as targets have received it since the first release (isoformat's +00:00).
+    header = datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+    assert executor._iso(ms) == header == text[:-1] + "+00:00"
 
 
 def test_the_audit_renders_what_has_no_time() -> None:

@@ -38,7 +38,6 @@ from kron.processes import (
     KronProcess,
     WorkerProcess,
     clean_environ,
-    settings_env,
     stop_all,
 )
 from kron.settings import Settings
@@ -395,14 +394,11 @@ class Stack:
 
     # processes
 
-    def env(self, **extra: str) -> dict[str, str]:
-        """The processes' environment: the caller's, without any KRON_* setting of its own
-        (they must not leak in), and the bench's settings (kron.processes.settings_env)."""
-        return {**clean_environ(), "PYTHONPATH": str(REPO), **settings_env(self.settings),
-                **extra}
-
     def worker_dir(self, name: str) -> Path:
         return self.root / f"{name}-state"
+
+    # Every process gets the caller's environment without any KRON_* variable of its own (they
+    # must not leak in), then the bench's settings (kron.processes.settings_env).
 
     def worker_process(self, name: str) -> WorkerProcess:
         # `--worker-env`/`--no-barrier`: set on workers only, after (so over) the bench's own.
@@ -421,13 +417,16 @@ class Stack:
         self.sampler.track(name, proc.pid)
         return proc
 
-    def start_api(self, timeout_s: float = 90.0) -> str:
-        self.api = ApiProcess(
+    def api_process(self) -> ApiProcess:
+        return ApiProcess(
             self.settings, self.root, localkafka.free_ports(1)[0], base_env=clean_environ(),
             new_session=True,
             # The bench measures the API's own cost, not the per-tenant limits.
             env={"KRON_TENANT_RATE_PER_S": "1000000", "KRON_TENANT_BURST": "1000000",
                  "KRON_TENANT_MAX_ACTIVE_JOBS": "100000000"})
+
+    def start_api(self, timeout_s: float = 90.0) -> str:
+        self.api = self.api_process()
         self.api.start(wait_path=None)
         self.sampler.track("api", self.api.pid)
         self.api.wait_http(f"{self.api.url}/readyz", timeout_s)

@@ -189,7 +189,7 @@ def test_workers_get_the_extra_environment_and_the_api_does_not(tmp_path: Path) 
     env = stack.worker_process_env("w1")
     assert env["KRON_DISPATCH_BARRIER"] == "false" and env["KRON_WORKER_ID"] == "w1"
     assert env["KRON_DATA_DIR"] == "/elsewhere"  # the caller's choice wins over the bench's
-    assert "KRON_DISPATCH_BARRIER" not in stack.env()
+    assert "KRON_DISPATCH_BARRIER" not in stack.api_process().env
 
 
 def test_the_fire_ahead_window_a_result_ran_with_is_spelled_out() -> None:

@@ -23,7 +23,7 @@ from api.models import InvalidField
 from api.problems import Problem, on_http, on_invalid_field, on_problem, on_validation
 from api.projection import Projector, Views
 from api.publisher import CommandPublisher
-from api.routes import Service, build_router, new_id
+from api.routes import Service, include_routes, new_id
 from api.routes.responses import Problem as ProblemDoc
 from kron.clock import Clock, SystemClock
 from kron.settings import Settings
@@ -189,7 +189,7 @@ def create_app(settings: Settings, *, components: Components | None = None,
                                           burst=settings.tenant_burst),
                       creates=creates, probe=parts.probe)
     app.state.service = service
-    app.include_router(build_router())
+    include_routes(app)
     _document_problems(app)
     return app
 

@@ -11,9 +11,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool
 from api import backfill
 from api.problems import Problem
 from api.routes import responses
-from api.routes.base import ERRORS, Json, KronRoute, OwnJob, Svc, Who
+from api.routes.base import ERRORS, Json, KronRoute, ThisCall
 from api.routes.render import job_out
-from api.routes.service import Caller, Service
+from api.routes.service import Call, Service
 
 # The action -> its command. Pause and resume answer 200 once applied; trigger and backfill
 # 202 (what they start runs later).
@@ -27,7 +27,7 @@ class ActionRoute(KronRoute):
     """An unknown action is a 404 before anything else (no key needed, no token taken),
     and only a backfill reads a body: the other actions ignore one."""
 
-    def caller(self, svc: Service, request: Request) -> Caller:
+    def caller(self, svc: Service, request: Request) -> Call:
         action = request.path_params["action"]
         if action not in ACTIONS:
             raise Problem(404, "not-found", f"no action {action!r}", field="action")
@@ -55,21 +55,22 @@ class BackfillRequest(BaseModel):
 router = APIRouter(tags=["jobs"])
 
 
-async def job_action(job_id: str, action: str, svc: Svc, who: Who, job: OwnJob,
+async def job_action(job_id: str, action: str, call: ThisCall,
                      body: Annotated[BackfillRequest | None, Body(
                          description="for :backfill only")] = None) -> Json:
     """`pause`, `resume`, `trigger` (a manual run now) or `backfill` (past slots, paced)."""
+    svc = call.svc
     fields: dict[str, Any] = {}
     counts = None
     if action == "backfill":
         fields = _backfill_fields(body, svc.clock.now_ms())
         # Counted (and refused past the limit) before anything is sent.
         counts = await asyncio.to_thread(
-            backfill.counts, svc.views, svc.spec_of(who.tenant, job_id), job_id,
+            backfill.counts, svc.views, svc.spec_of(call.tenant, job_id), job_id,
             from_ms=fields["from_ms"], to_ms=fields["to_ms"], rerun=fields["rerun"])
-    cmd = await svc.send(who.tenant, ACTIONS[action], job_id, **fields)
+    cmd = await svc.send(call.tenant, ACTIONS[action], job_id, **fields)
     after = await svc.applied(job_id, cmd)
-    out = job_out(svc.views, after or job)
+    out = job_out(svc.views, after or call.own_job)
     if counts is not None:
         out["backfill"] = counts
     return Json(out, status_code=202 if action in STARTS_RUNS else 200)

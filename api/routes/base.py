@@ -8,8 +8,10 @@ exist. `KronRoute` answers in kron's order instead:
 2. the body (`read_json`: 415 unless application/json, 413 past max_body_bytes, read as it
    streams in; 400 for malformed or too deeply nested JSON), parsed once, with orjson;
 3. FastAPI validates the parsed body against the route's pydantic model (a 422 problem naming
-   the field: api/problems.py on_validation) and calls the endpoint, which gets the caller
-   through the `Who` and `OwnJob` dependencies.
+   the field: api/problems.py on_validation) and calls the endpoint, which gets the Service,
+   the caller and its job through one dependency, `ThisCall`.
+
+The dependencies are `async def`: FastAPI runs a plain `def` dependency in a worker thread.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from api.problems import Problem
-from api.routes.service import Caller, Service
+from api.routes.service import Call, Service
 
 MAX_DEPTH = 32
 
@@ -70,7 +72,7 @@ class KronRoute(APIRoute):
 
         async def guarded(request: Request) -> Response:
             svc = service(request)
-            request.state.caller = self.caller(svc, request)
+            request.state.call = self.caller(svc, request)
             if takes_body:
                 raw, data = (await read_json(svc, request) if self.reads_body(request)
                              else (b"", None))  # FastAPI then takes the body as absent
@@ -79,7 +81,7 @@ class KronRoute(APIRoute):
 
         return guarded
 
-    def caller(self, svc: Service, request: Request) -> Caller:
+    def caller(self, svc: Service, request: Request) -> Call:
         return svc.caller(request)
 
     def reads_body(self, request: Request) -> bool:
@@ -121,6 +123,12 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
+async def service_dep(request: Request) -> Service:
+    """`service` as a dependency: async, so FastAPI calls it inline (a plain def goes to a
+    worker thread, which cost a create more than the rest of its work)."""
+    return service(request)
+
+
 def service(request: Request) -> Service:
     """The app's Service (api/server.py puts it in app.state)."""
     svc = request.app.state.service
@@ -128,20 +136,13 @@ def service(request: Request) -> Service:
     return svc
 
 
-def caller(request: Request) -> Caller:
-    """The caller KronRoute found before the body was read."""
-    who = request.state.caller
-    assert isinstance(who, Caller)
-    return who
+async def call(request: Request) -> Call:
+    """The request's Call: the caller KronRoute found before the body was read."""
+    found = request.state.call
+    assert isinstance(found, Call)
+    return found
 
 
-def own_job(request: Request) -> dict[str, Any]:
-    """The caller's job the path names (a 404 came before, for any other)."""
-    job = caller(request).job
-    assert job is not None, "the path names a job"
-    return job
-
-
-Svc = Annotated[Service, Depends(service)]
-Who = Annotated[Caller, Depends(caller)]
-OwnJob = Annotated[dict[str, Any], Depends(own_job)]
+Svc = Annotated[Service, Depends(service_dep)]
+# One dependency per route: each costs a create a few microseconds.
+ThisCall = Annotated[Call, Depends(call)]

@@ -15,7 +15,7 @@ from api.problems import Problem
 from api.projection import ACTIVE_JOB as ACTIVE
 from api.projection import PendingJob
 from api.routes import responses
-from api.routes.base import ERRORS, Json, KronRoute, OwnJob, Svc, Who
+from api.routes.base import ERRORS, Json, KronRoute, ThisCall
 from api.routes.render import job_out
 from api.routes.service import Service, job_id_for, new_id
 from kron.settings import Settings
@@ -29,10 +29,11 @@ REPLAYED: dict[int | str, dict[str, Any]] = {200: {"model": responses.CreatedJob
 
 @router.post("/jobs", status_code=201, response_model=responses.CreatedJob,
              responses={**REPLAYED, **ERRORS})
-async def create_job(req: JobRequest, svc: Svc, who: Who) -> Json:
+async def create_job(req: JobRequest, call: ThisCall) -> Json:
     """Answered once Kafka has the CreateJob (acks=all). The API validated it as the worker
     will, and keeps it in `Unprojected` so its own reads see it until the projection does."""
-    tenant, now, key = who.tenant, svc.clock.now_ms(), req.idempotency_key
+    svc, tenant, key = call.svc, call.tenant, req.idempotency_key
+    now = svc.clock.now_ms()
     creates = svc.creates if key is None else None  # a keyed create's id is the key's
     job_id = creates.job_id(tenant) if creates is not None else job_id_for(tenant, key)
     existing = svc.job(tenant, job_id)
@@ -59,13 +60,14 @@ async def create_job(req: JobRequest, svc: Svc, who: Who) -> Json:
 
 
 @router.get("/jobs", response_model=responses.JobList, responses=ERRORS)
-async def list_jobs(svc: Svc, who: Who, status: str | None = None, name: str | None = None,
+async def list_jobs(call: ThisCall, status: str | None = None, name: str | None = None,
                     limit: int = 50, cursor: str | None = None) -> Json:
     if not 1 <= limit <= 500:
         raise Problem(422, "invalid-input", "limit must be in 1..500", field="limit")
+    svc = call.svc
     items: list[dict[str, Any]] = []
     next_cursor = None
-    for job_id, entry, view in _tenant_jobs(svc, who.tenant, cursor):
+    for job_id, entry, view in _tenant_jobs(svc, call.tenant, cursor):
         if entry["status"] == "deleted" or (status and entry["status"] != status):
             continue
         if name and name not in entry["name"]:
@@ -80,25 +82,27 @@ async def list_jobs(svc: Svc, who: Who, status: str | None = None, name: str | N
 
 
 @router.get("/jobs/{job_id}", response_model=responses.Job, responses=ERRORS)
-async def get_job(job_id: str, svc: Svc, job: OwnJob) -> Json:
-    return Json(job_out(svc.views, job))
+async def get_job(job_id: str, call: ThisCall) -> Json:
+    return Json(job_out(call.svc.views, call.own_job))
 
 
 @router.patch("/jobs/{job_id}", response_model=responses.Job, responses=ERRORS)
-async def update_job(job_id: str, patch: JobPatch, svc: Svc, who: Who, job: OwnJob) -> Json:
+async def update_job(job_id: str, patch: JobPatch, call: ThisCall) -> Json:
     """A JSON merge patch over the job's definition; answers once the projection shows it."""
-    spec = models.merge_patch(svc.spec_of(who.tenant, job_id), patch,
-                              now_ms=svc.clock.now_ms(), **_rules(svc.settings, who.tenant))
-    cmd = await svc.send(who.tenant, "UpdateJob", job_id, spec=spec, expected_version=None)
+    svc, tenant = call.svc, call.tenant
+    spec = models.merge_patch(svc.spec_of(tenant, job_id), patch, now_ms=svc.clock.now_ms(),
+                              **_rules(svc.settings, tenant))
+    cmd = await svc.send(tenant, "UpdateJob", job_id, spec=spec, expected_version=None)
     updated = await svc.applied(job_id, cmd)
-    return Json(job_out(svc.views, updated or job))
+    return Json(job_out(svc.views, updated or call.own_job))
 
 
 @router.delete("/jobs/{job_id}", response_model=responses.Job, responses=ERRORS)
-async def delete_job(job_id: str, svc: Svc, who: Who, job: OwnJob) -> Json:
-    cmd = await svc.send(who.tenant, "DeleteJob", job_id)
+async def delete_job(job_id: str, call: ThisCall) -> Json:
+    svc = call.svc
+    cmd = await svc.send(call.tenant, "DeleteJob", job_id)
     deleted = await svc.applied(job_id, cmd)
-    return Json(job_out(svc.views, deleted or job))
+    return Json(job_out(svc.views, deleted or call.own_job))
 
 
 def _rules(settings: Settings, tenant: str) -> dict[str, Any]:

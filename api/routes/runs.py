@@ -8,13 +8,13 @@ from fastapi import APIRouter
 
 from api.problems import Problem
 from api.routes import responses
-from api.routes.base import ERRORS, Json, KronRoute, Svc, Who
+from api.routes.base import ERRORS, Json, KronRoute, ThisCall
 from api.routes.render import STATES, run_detail, run_out
 
 router = APIRouter(route_class=KronRoute, tags=["runs"])
 
 
-async def list_runs(job_id: str, svc: Svc, status: str | None = None, limit: int = 50,
+async def list_runs(job_id: str, call: ThisCall, status: str | None = None, limit: int = 50,
                     cursor: str | None = None) -> Json:
     """The job's runs, newest slot first (KronRoute has checked the job is the caller's)."""
     if status is not None and status not in STATES:
@@ -26,12 +26,13 @@ async def list_runs(job_id: str, svc: Svc, status: str | None = None, limit: int
     start = prefix + cursor.encode() + b"\x00" if cursor else None
     items: list[dict[str, Any]] = []
     next_cursor = None
-    for key, entry in svc.views.prefix(prefix, start=start):
+    views = call.svc.views
+    for key, entry in views.prefix(prefix, start=start):
         if status and entry["state"] != status:
             continue
         if len(items) == limit:
             break
-        ex = svc.views.execution(key.rsplit(b"/", 1)[-1].decode())
+        ex = views.execution(key.rsplit(b"/", 1)[-1].decode())
         if ex is not None:
             items.append(run_out(ex))
             next_cursor = key[len(prefix):].decode()
@@ -46,8 +47,8 @@ for _path in ("/jobs/{job_id}/runs", "/jobs/{job_id}/executions"):
 
 
 @router.get("/runs/{run_id}", response_model=responses.RunDetail, responses=ERRORS)
-async def get_run(run_id: str, svc: Svc, who: Who) -> Json:
-    ex = svc.views.execution(run_id)
-    if ex is None or ex["tenant"] != who.tenant:
+async def get_run(run_id: str, call: ThisCall) -> Json:
+    ex = call.svc.views.execution(run_id)
+    if ex is None or ex["tenant"] != call.tenant:
         raise Problem(404, "run-not-found", f"no run {run_id!r}", field="run_id")
     return Json(run_detail(ex))

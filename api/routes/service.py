@@ -27,9 +27,17 @@ READ_YOUR_WRITES_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
-class Caller:
+class Call:
+    """One request's context: the Service, the caller's tenant, the job the path names."""
+
+    svc: Service
     tenant: str
-    job: dict[str, Any] | None  # the job the path names (the caller's own), if it names one
+    job: dict[str, Any] | None  # the caller's own, if the path names one
+
+    @property
+    def own_job(self) -> dict[str, Any]:
+        assert self.job is not None, "the path names a job"
+        return self.job
 
 
 class BrokerCheck(Protocol):
@@ -52,7 +60,7 @@ class Service:
     def pending(self) -> Unprojected:
         return self.projector.unprojected
 
-    def caller(self, request: Request) -> Caller:
+    def caller(self, request: Request) -> Call:
         """Who calls (401; 403 for a read key's write: Authenticator.tenant_of), within its
         write rate (429: taken before any lookup, so writes to missing jobs cost a token
         too), and the caller's job the path names (404 for any other)."""
@@ -60,7 +68,8 @@ class Service:
         if request.method not in READ_METHODS:
             self.limiter.take(tenant)
         job_id = request.path_params.get("job_id")
-        return Caller(tenant=tenant, job=None if job_id is None else self.own_job(tenant, job_id))
+        job = None if job_id is None else self.own_job(tenant, job_id)
+        return Call(svc=self, tenant=tenant, job=job)
 
     def job(self, tenant: str, job_id: str) -> dict[str, Any] | None:
         """The projected job, else the tenant's acknowledged create not projected yet."""

@@ -443,9 +443,23 @@ def _virtual_creation(first: Record, plan: JobPlan) -> Record | None:
 def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
           grace_ms: int = DEFAULT_GRACE_MS, max_slots: int = MAX_SLOTS_PER_JOB) -> AuditReport:
     findings = _Findings()
-    notes: list[str] = []
-
     # Jobs first: the lost-slot check needs every execution, so it runs last.
+    states, policy, n_jobs = _read_jobs(jobs, findings)
+    slots, n_execs = _read_executions(executions, policy, findings)
+    for (job_id, s), ids in slots.items():
+        if len(ids) > 1:
+            findings.add(("slot", job_id, s), DUPLICATE_TRIGGER, job_id=job_id, exec_id=None,
+                         scheduled_for_ms=s,
+                         detail=f"{len(ids)} executions for one slot: {sorted(ids)}")
+    checked, truncated, notes = _judge_slots(states, slots, findings, now_ms=now_ms,
+                                             grace_ms=grace_ms, max_slots=max_slots)
+    return AuditReport(violations=findings.violations(), jobs=n_jobs, executions=n_execs,
+                       slots_checked=checked, truncated=tuple(truncated), notes=tuple(notes))
+
+
+def _read_jobs(jobs: Iterable[Record], findings: _Findings
+               ) -> tuple[dict[str, list[Record]], dict[str, _Policy], int]:
+    """Each job's history in order, its retry policy over time; a cursor that moved back."""
     states: dict[str, list[Record]] = defaultdict(list)
     policy: dict[str, _Policy] = defaultdict(_Policy)
     n_jobs = 0
@@ -463,7 +477,13 @@ def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
                                     f"({(job.get('envelope') or {}).get('event_type')})")
         history.append(job)
         policy[job_id].add(int(job.get("updated_at_ms", 0)), _max_attempts(job))
+    return states, policy, n_jobs
 
+
+def _read_executions(executions: Iterable[Record], policy: dict[str, _Policy],
+                     findings: _Findings) -> tuple[dict[tuple[str, int], set[str]], int]:
+    """Every execution's transitions checked; the executions of each slot; attempts past
+    the job's retry policy (a rerun's own attempt allowed)."""
     seen: dict[str, _ExecSeen] = {}
     slots: dict[tuple[str, int], set[str]] = defaultdict(set)
     over_policy: set[str] = set()
@@ -488,13 +508,14 @@ def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
                              exec_id=ex_id, scheduled_for_ms=rec["scheduled_for_ms"],
                              detail=f"attempt {rec['attempt']} but retry.max_attempts is "
                                     f"{allowed}")
+    return slots, n_execs
 
-    for (job_id, s), ids in slots.items():
-        if len(ids) > 1:
-            findings.add(("slot", job_id, s), DUPLICATE_TRIGGER, job_id=job_id, exec_id=None,
-                         scheduled_for_ms=s,
-                         detail=f"{len(ids)} executions for one slot: {sorted(ids)}")
 
+def _judge_slots(states: dict[str, list[Record]], slots: dict[tuple[str, int], set[str]],
+                 findings: _Findings, *, now_ms: int, grace_ms: int, max_slots: int
+                 ) -> tuple[int, list[str], list[str]]:
+    """Every slot each job's specs made due, judged against the executions found."""
+    notes: list[str] = []
     plans = _Plans()
     checked = 0
     truncated: list[str] = []
@@ -519,9 +540,7 @@ def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
     for job_id, version in sorted(plans.bad):
         notes.append(f"{job_id}: spec of version {version} does not parse; its slots were "
                      "not judged")
-
-    return AuditReport(violations=findings.violations(), jobs=n_jobs, executions=n_execs,
-                       slots_checked=checked, truncated=tuple(truncated), notes=tuple(notes))
+    return checked, truncated, notes
 
 
 def _pairs(history: list[Record]) -> Iterator[tuple[Record, Record]]:

@@ -38,6 +38,7 @@ from streams.engine.faust_store import (
     JOB_STATE,
     RecordCache,
     TableStore,
+    TableTimerIndex,
     TerminalMemo,
     job_encoder,
 )
@@ -94,6 +95,34 @@ class Stats:
         return {"tick_lag_p50_ms": lags[len(lags) // 2], "tick_lag_max_ms": lags[-1]}
 
 
+class _TickerHost:
+    """The worker as the ticker sees it (streams.ticker.TickerHost)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.clock = engine.clock
+        self.timers = TableTimerIndex(engine.timers)
+
+    def tickable(self) -> frozenset[int]:
+        # Outside the lease we may not be the owner any more: the new one ticks. Watching
+        # starts here too, as a worker with timers but no commands gets no other event.
+        engine = self._engine
+        engine.lease.watch(engine.runtime.coordinator())
+        return engine.runtime.owned_partitions() if engine.lease.valid() else frozenset()
+
+    def backlog(self) -> int:
+        return self._engine.executor.backlog
+
+    def completed(self) -> int:
+        return self._engine.executor.completed
+
+    async def tick_here(self, record: dict[str, Any]) -> bool:
+        return await self._engine.tick_here(record)
+
+    async def send_tick(self, partition: int, value: bytes) -> None:
+        await self._engine.signals.send(key=b"tick", value=value, partition=partition)
+
+
 class Engine:
     def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
@@ -144,7 +173,8 @@ class Engine:
         self.jobs = table("jobs")
         self.executions = table("executions")
         self.timers = table("timers")
-        self.ticker = Ticker(engine=self)
+        self.ticker = Ticker(host=_TickerHost(self), fire_ahead_s=settings.fire_ahead_s,
+                             worker_id=settings.worker_id)
         self.terminal = TerminalMemo()
         self.job_cache = RecordCache(schema=JOB_STATE)
         self.execution_cache = RecordCache(schema=EXECUTION_STATE)

@@ -4,9 +4,9 @@ It keeps, per owned partition, the due time of the earliest durable timer (one R
 seek) and sleeps until the soonest one. The agent tells it when a write adds an earlier
 timer and when a tick has been processed. The tick carries the ticker's clock reading and
 firing uses that time, so firing is a pure function of the tick and the state. A tick for
-a partition this process owns is applied here at once (Engine.tick_here); otherwise, or if
-the engine declines (rebalancing, stopping, lease lapsed), it goes through kron.signals and
-whichever process owns the partition applies it.
+a partition this process owns is applied here at once (TickerHost.tick_here); otherwise, or
+if the host declines (rebalancing, stopping, lease lapsed), it goes through kron.signals
+(TickerHost.send_tick) and whichever process owns the partition applies it.
 
 With fire-ahead on, a tick also decides the eligible slots due within the next
 `fire_ahead_s` (the window travels in the tick). The ticker then also watches, per
@@ -27,16 +27,13 @@ import asyncio
 import collections
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from kron.clock import Clock
 from schemas import codec, names
 from schemas.envelope import make_envelope
 from streams.domain import lookahead
 from streams.domain.timer import TimerKind, due_of, kind_of
-from streams.engine.faust_store import fire_dues, first_timer_after, first_timer_key
-
-if TYPE_CHECKING:
-    from streams.app import Engine
 
 log = logging.getLogger("kron.ticker")
 
@@ -66,10 +63,51 @@ def _due_of(key: bytes | None) -> int | None:
     return None if key is None else due_of(key)
 
 
+class TimerIndex(Protocol):
+    """The durable timer index of a partition (streams.engine.faust_store.TableTimerIndex)."""
+
+    def first(self, partition: int) -> bytes | None:
+        """The earliest timer's key."""
+
+    def first_after(self, partition: int, after_ms: int) -> bytes | None:
+        """The earliest timer due after `after_ms`."""
+
+    def fire_dues(self, partition: int, after_ms: int, until_ms: int,
+                  limit: int) -> list[int]:
+        """Due times of the FIRE timers due in (after_ms, until_ms], at most `limit`."""
+
+
+class TickerHost(Protocol):
+    """All the ticker knows of the worker: a clock, the timer index, the partitions it may
+    tick, the executor's load, and a way to submit a tick."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def timers(self) -> TimerIndex: ...
+
+    def tickable(self) -> frozenset[int]:
+        """The partitions this process owns, inside its ownership lease (else none)."""
+
+    def backlog(self) -> int:
+        """Attempts waiting for an executor slot."""
+
+    def completed(self) -> int:
+        """Calls the executor finished so far."""
+
+    async def tick_here(self, record: dict[str, Any]) -> bool:
+        """Apply the tick in this process now, if it may; False: declined."""
+
+    async def send_tick(self, partition: int, value: bytes) -> None:
+        """Send the encoded tick through kron.signals, to whoever owns the partition."""
+
+
 class Ticker:
-    def __init__(self, *, engine: Engine) -> None:
-        self._engine = engine
-        self._ahead_ms = int(engine.settings.fire_ahead_s * 1000)
+    def __init__(self, *, host: TickerHost, fire_ahead_s: float, worker_id: str) -> None:
+        self._host = host
+        self._worker_id = worker_id
+        self._ahead_ms = int(fire_ahead_s * 1000)
         # The window in force: _ahead_ms, or longer while a spike is coming.
         self._lookahead_ms = self._ahead_ms
         self._calls: collections.deque[tuple[float, int]] = collections.deque()
@@ -117,10 +155,10 @@ class Ticker:
     def ticked(self, partition: int, *, more: bool) -> None:
         self._outstanding.pop(partition, None)
         first = (None if more and not self._ahead_ms
-                 else _due_of(first_timer_key(self._engine.timers, partition)))
+                 else _due_of(self._host.timers.first(partition)))
         # Behind only if what is left is due already: a full window of decisions ahead (a
         # spike being decided) is what fire-ahead is for.
-        if more and first is not None and first <= self._engine.clock.now_ms():
+        if more and first is not None and first <= self._host.clock.now_ms():
             self._more.add(partition)
         else:
             self._more.discard(partition)
@@ -142,15 +180,8 @@ class Ticker:
     def _first_undecided(self, partition: int) -> int | None:
         # From now at the earliest: a seek from the start would walk every tombstone that
         # the due scan's key floor skips.
-        after = max(self._decided.get(partition, -1), self._engine.clock.now_ms())
-        return _due_of(first_timer_after(self._engine.timers, partition, after))
-
-    def _owned(self) -> frozenset[int]:
-        # Outside the lease we may not be the owner any more: the new one ticks. Watching
-        # starts here too, as a worker with timers but no commands gets no other event.
-        lease = self._engine.lease
-        lease.watch(self._engine.coordinator())
-        return self._engine.owned_partitions() if lease.valid() else frozenset()
+        after = max(self._decided.get(partition, -1), self._host.clock.now_ms())
+        return _due_of(self._host.timers.first_after(partition, after))
 
     def _rescan(self, owned: frozenset[int]) -> None:
         for p in list(self._next):
@@ -158,7 +189,7 @@ class Ticker:
                 self._forget(p)
         for p in owned:
             with contextlib.suppress(Exception):  # a DB closing under a rebalance
-                self._next[p] = _due_of(first_timer_key(self._engine.timers, p))
+                self._next[p] = _due_of(self._host.timers.first(p))
                 if self._ahead_ms:
                     self._early[p] = self._first_undecided(p)
         if self._ahead_ms and self._ahead_ms < PILE_CAP_MS:
@@ -167,7 +198,7 @@ class Ticker:
 
     def _calls_per_s(self) -> float:
         """Calls the executor finished a second over the last STREAM_S."""
-        mono, done = self._engine.clock.monotonic(), self._engine.executor.completed
+        mono, done = self._host.clock.monotonic(), self._host.completed()
         if not self._calls or mono > self._calls[-1][0]:
             self._calls.append((mono, done))
         while len(self._calls) > 2 and mono - self._calls[1][0] >= STREAM_S:
@@ -177,21 +208,21 @@ class Ticker:
 
     def _size_window(self, owned: frozenset[int]) -> None:
         """The window for what is coming: longer than _ahead_ms only for a spike."""
-        now, base = self._engine.clock.now_ms(), self._ahead_ms
+        now, base = self._host.clock.now_ms(), self._ahead_ms
         dues: list[int] = []
         if lookahead.carrying_stream(self._calls_per_s(), DECIDE_PER_S):
             window = base  # nothing to count: its piles are the stream itself
         else:
             for p in owned:
-                dues += fire_dues(self._engine.timers, p, now + base, now + PILE_CAP_MS,
-                                  PILE_SCAN)
+                dues += self._host.timers.fire_dues(p, now + base, now + PILE_CAP_MS,
+                                                    PILE_SCAN)
             window = lookahead.window_ms(dues, now_ms=now, base_ms=base, cap_ms=PILE_CAP_MS,
                                          decide_per_s=DECIDE_PER_S,
                                          slack=int(DECIDE_PER_S * base / 1000))
         if window != self._lookahead_ms:
             log.info("fire-ahead window %d ms", window,
                      extra={"window_ms": window, "coming": len(dues),
-                            "worker": self._engine.settings.worker_id})
+                            "worker": self._worker_id})
         self._lookahead_ms = window
 
     def _forget(self, p: int) -> None:
@@ -211,14 +242,14 @@ class Ticker:
                 await asyncio.sleep(RESCAN_S)
 
     async def _loop(self) -> None:
-        clock = self._engine.clock
+        clock = self._host.clock
         last_scan = 0.0
         while True:
             # Cleared before the reads, not after the sends: a tick applied here takes a
             # while, and a timer added meanwhile must wake the next pass, not wait RESCAN_S.
             self._wake.clear()
             mono = clock.monotonic()
-            owned = self._owned()
+            owned = self._host.tickable()
             if mono - last_scan >= RESCAN_S:
                 self._rescan(owned)
                 last_scan = mono
@@ -251,8 +282,7 @@ class Ticker:
         return min(waits) if waits else None
 
     def _window_ms(self) -> int:
-        if not self._ahead_ms or self._more or (
-                self._engine.executor.backlog > BEHIND_BACKLOG):
+        if not self._ahead_ms or self._more or self._host.backlog() > BEHIND_BACKLOG:
             return 0
         return self._lookahead_ms
 
@@ -261,23 +291,23 @@ class Ticker:
         if self._ahead_ms:
             self._window[partition] = now_ms + window
             self._low.pop(partition, None)
-            self._early_sent[partition] = self._engine.clock.monotonic()
+            self._early_sent[partition] = self._host.clock.monotonic()
         self.sent += 1
         record = {
             "envelope": make_envelope(event_id=f"tick:{partition}:{now_ms}:{self.sent}",
                                       event_type="engine.ticked", occurred_at_ms=now_ms,
-                                      tenant="", producer=self._engine.settings.worker_id),
+                                      tenant="", producer=self._worker_id),
             "partition": partition,
             "now_ms": now_ms,
             "fire_ahead_ms": window,
         }
-        # Applied in this process (Engine.tick_here) unless the engine declines: it is not
-        # the owner now, or KRON_LOCAL_TICKS is off.
-        if await self._engine.tick_here(record):
+        # Applied in this process unless the host declines: it is not the owner now, or
+        # KRON_LOCAL_TICKS is off.
+        if await self._host.tick_here(record):
             return
         if window:
             value = codec.encode(names.TICK, record)
         else:  # as v1, which workers from before fire-ahead read too (a rolling upgrade)
             del record["fire_ahead_ms"]
             value = codec.default_codec().encode(names.TICK, record, version=1)
-        await self._engine.signals.send(key=b"tick", value=value, partition=partition)
+        await self._host.send_tick(partition, value)

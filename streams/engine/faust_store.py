@@ -104,6 +104,23 @@ def scan_range(table: Any, partition: int, lower: bytes,
         it.next()
 
 
+class TableTimerIndex:
+    """The timer index of a timers table, as the ticker reads it (streams.ticker.TimerIndex)."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    def first(self, partition: int) -> bytes | None:
+        return first_timer_key(self._table, partition)
+
+    def first_after(self, partition: int, after_ms: int) -> bytes | None:
+        return first_timer_after(self._table, partition, after_ms)
+
+    def fire_dues(self, partition: int, after_ms: int, until_ms: int,
+                  limit: int) -> list[int]:
+        return fire_dues(self._table, partition, after_ms, until_ms, limit)
+
+
 class TerminalMemo:
     """Executions this process saw reach a terminal state, with the attempt they ended at,
     newest kept.

@@ -1,6 +1,6 @@
-"""The ticker outlives its own errors. The engine around it is a stand-in (the ticker reads
-only its lease, owned partitions, timer index and signals topic); the real path is covered
-by the integration and fault suites."""
+"""The ticker outlives its own errors. Its host is a stand-in (streams.ticker.TickerHost: a
+clock, the timer index, the partitions it may tick, the executor's load, and a way to submit
+a tick); the real path is covered by the integration and fault suites."""
 
 from __future__ import annotations
 
@@ -24,21 +24,27 @@ class FlakyEngine:
         self.clock = ManualClock(now_ms=10_000, monotonic=50.0)
         self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0)
         self.executor = SimpleNamespace(backlog=0)
-        self.timers = object()
+        self.timers = SimpleNamespace(first=lambda p: None, first_after=lambda p, after: None,
+                                      fire_dues=lambda p, after, until, limit: [])
         self.failures = 2
         self.declined = 0
         self.sent: list[tuple[int, dict[str, Any]]] = []
-        self.lease = SimpleNamespace(watch=lambda coordinator: None, valid=lambda: True)
         self.signals = SimpleNamespace(send=self._send)
 
-    def coordinator(self) -> None:
-        return None
-
-    def owned_partitions(self) -> set[int]:
+    def tickable(self) -> frozenset[int]:
         if self.failures:
             self.failures -= 1
             raise RuntimeError("partition DB closed")
-        return {3}
+        return frozenset({3})
+
+    def backlog(self) -> int:
+        return int(self.executor.backlog)
+
+    def completed(self) -> int:
+        return int(getattr(self.executor, "completed", 0))
+
+    async def send_tick(self, partition: int, value: bytes) -> None:
+        await self._send(key=b"tick", value=value, partition=partition)
 
     async def tick_here(self, record: dict[str, Any]) -> bool:
         self.declined += 1  # as a rebalancing engine does: the tick goes as an event
@@ -52,11 +58,11 @@ def test_ticker_survives_an_error_and_ticks_the_due_partition(
         monkeypatch: pytest.MonkeyPatch) -> None:
     engine = FlakyEngine()
     due = (9_000).to_bytes(8, "big") + b"x"  # already due at now_ms=10_000
-    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: due)
+    engine.timers.first = lambda p: due
     monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.01)
 
     async def run() -> None:
-        t = Ticker(engine=engine)  # type: ignore[arg-type]
+        t = ticker_for(engine)
         t.start()
         for _ in range(300):
             if engine.sent:
@@ -69,6 +75,10 @@ def test_ticker_survives_an_error_and_ticks_the_due_partition(
     assert engine.failures == 0
     assert engine.declined == 1
     assert [(p, r["now_ms"]) for p, r in engine.sent] == [(3, 10_000)]
+
+
+def ticker_for(host: Any) -> Ticker:
+    return Ticker(host=host, fire_ahead_s=host.settings.fire_ahead_s, worker_id="w1")
 
 
 def _key(due_ms: int, eligible: bool, kind: TimerKind | None = None) -> bytes:
@@ -89,21 +99,27 @@ class AheadEngine:
         self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=fire_ahead_s)
         self.local = local
         self.executor = SimpleNamespace(backlog=0, completed=0)
-        self.timers = object()
+        self.timers = SimpleNamespace(first=lambda p: None, first_after=lambda p, after: None,
+                                      fire_dues=lambda p, after, until, limit: [])
         self.keys: list[bytes] = []
         self.sent: list[int] = []
         self.windows: list[int] = []
         self.budget: int | None = None  # timers one tick may fire (TICK_BUDGET)
         self.ticker: Ticker | None = None
         self.deciding_seen: list[bool] = []
-        self.lease = SimpleNamespace(watch=lambda coordinator: None, valid=lambda: True)
         self.signals = SimpleNamespace(send=self._send)
 
-    def coordinator(self) -> None:
-        return None
+    def tickable(self) -> frozenset[int]:
+        return frozenset({0})
 
-    def owned_partitions(self) -> set[int]:
-        return {0}
+    def backlog(self) -> int:
+        return int(self.executor.backlog)
+
+    def completed(self) -> int:
+        return int(getattr(self.executor, "completed", 0))
+
+    async def send_tick(self, partition: int, value: bytes) -> None:
+        await self._send(key=b"tick", value=value, partition=partition)
 
     def first(self, after_ms: int = -1) -> bytes | None:
         return next((k for k in sorted(self.keys)
@@ -148,9 +164,8 @@ class AheadEngine:
 def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
         monkeypatch: pytest.MonkeyPatch, local: bool) -> None:
     engine = AheadEngine(local=local)
-    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
-    monkeypatch.setattr(ticker_mod, "first_timer_after",
-                        lambda table, p, after: engine.first(after))
+    engine.timers.first = lambda p: engine.first()
+    engine.timers.first_after = lambda p, after: engine.first(after)
     monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.005)
 
     async def settle() -> None:
@@ -158,7 +173,7 @@ def test_fire_ahead_ticks_when_a_timer_enters_the_window_and_never_spins(
             await asyncio.sleep(0.005)
 
     async def run() -> None:
-        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        t = engine.ticker = ticker_for(engine)
         engine.keys = [_key(11_000, eligible=False), _key(12_000, eligible=True),
                        _key(16_000, eligible=True)]
         t.start()
@@ -222,13 +237,12 @@ def test_a_spike_decided_ahead_over_several_ticks_is_not_being_behind(
     tick goes out at once and keeps its window (being behind would send 0)."""
     engine = AheadEngine(local=local)
     engine.budget = 5
-    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
-    monkeypatch.setattr(ticker_mod, "first_timer_after",
-                        lambda table, p, after: engine.first(after))
+    engine.timers.first = lambda p: engine.first()
+    engine.timers.first_after = lambda p, after: engine.first(after)
     monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.005)
 
     async def run() -> None:
-        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        t = engine.ticker = ticker_for(engine)
         engine.keys = [_key(12_000 + i, eligible=True) for i in range(23)]
         t.start()
         for _ in range(100):
@@ -250,11 +264,11 @@ def test_a_tick_applied_here_that_leaves_more_due_is_followed_at_once(
     (RESCAN_S, long here), one budget of a spike per rescan."""
     engine = AheadEngine(local=True, fire_ahead_s=0.0)
     engine.budget = 5
-    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
+    engine.timers.first = lambda p: engine.first()
     monkeypatch.setattr(ticker_mod, "RESCAN_S", 30.0)
 
     async def run() -> None:
-        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        t = engine.ticker = ticker_for(engine)
         engine.keys = [_key(9_000 + i, eligible=False) for i in range(23)]  # all due
         t.start()
         for _ in range(200):  # 2 s at most, far short of one rescan
@@ -282,11 +296,10 @@ def test_a_spike_grows_the_window_to_be_decided_by_its_due_time(
     need 2.5 s + 0.5 s: decided 1 s later, not before. A worker that has been making 50
     calls a second (half the deciding rate) is carrying a stream: the base window."""
     engine = AheadEngine(local=True, fire_ahead_s=0.5)
-    monkeypatch.setattr(ticker_mod, "first_timer_key", lambda table, p: engine.first())
-    monkeypatch.setattr(ticker_mod, "first_timer_after",
-                        lambda table, p, after: engine.first(after))
-    monkeypatch.setattr(ticker_mod, "fire_dues", lambda table, p, after, until, limit: [
-        d for d in (int.from_bytes(k[:8], "big") for k in engine.keys) if after < d <= until])
+    engine.timers.first = lambda p: engine.first()
+    engine.timers.first_after = lambda p, after: engine.first(after)
+    engine.timers.fire_dues = lambda p, after, until, limit: [
+        d for d in (int.from_bytes(k[:8], "big") for k in engine.keys) if after < d <= until]
     monkeypatch.setattr(ticker_mod, "RESCAN_S", 0.005)
     monkeypatch.setattr(ticker_mod, "DECIDE_PER_S", 100)
 
@@ -297,7 +310,7 @@ def test_a_spike_grows_the_window_to_be_decided_by_its_due_time(
         engine.executor.completed += int(calls_per_s * s)
 
     async def run() -> None:
-        t = engine.ticker = Ticker(engine=engine)  # type: ignore[arg-type]
+        t = engine.ticker = ticker_for(engine)
         t.start()
         for _ in range(12):  # 6 s of calls (or none) before the spike is written
             await turn(0.5)

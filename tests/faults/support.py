@@ -357,6 +357,21 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
     for e in final.values():
         if e["trigger"] in SLOT_TRIGGERS:
             by_slot[(e["job_id"], e["scheduled_for_ms"])].append(e)
+    keys, ok_at = _count_calls(v, receiver, load, policy)
+    lateness = _judge_expected(v, load, by_slot, keys, ok_at, require_success=require_success)
+    _add_audit(v, load)
+    if lateness:
+        lateness.sort()
+        v.max_lateness_ms = lateness[-1]
+        v.p99_lateness_ms = lateness[min(len(lateness) - 1, int(len(lateness) * 0.99))]
+    return v
+
+
+def _count_calls(v: Verdict, receiver: Receiver, load: Load, policy: dict[str, int]
+                 ) -> tuple[dict[tuple[str, int], set[str]], dict[tuple[str, int], int]]:
+    """The receiver's calls of the load's jobs: keys per slot, the first 2xx per slot, and
+    into the verdict the call counts, repeats per key and per (key, attempt), and attempts
+    over the policy."""
     hits = [h for h in list(receiver.hits) if h.headers.get("X-Kron-Job-Id") in load.expected]
     v.calls = len(hits)
     keys: dict[tuple[str, int], set[str]] = defaultdict(set)
@@ -388,6 +403,15 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
             print(f"{slot_of_key[key]} key {key} attempt {attempt} called {n} times")
             if slot_of_key[key] not in v.same_attempt:
                 v.same_attempt.append(slot_of_key[key])
+    return keys, ok_at
+
+
+def _judge_expected(v: Verdict, load: Load,
+                    by_slot: dict[tuple[str, int], list[dict[str, Any]]],
+                    keys: dict[tuple[str, int], set[str]], ok_at: dict[tuple[str, int], int],
+                    *, require_success: bool) -> list[int]:
+    """Each expected slot: lost, not succeeded, duplicated; returns the lateness of each
+    slot's first 2xx."""
     lateness: list[int] = []
     for job, slots in load.expected.items():
         for s in slots:
@@ -407,6 +431,12 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
                       f"{[(r['exec_id'], r['trigger'], r['state']) for r in recs]}")
             if len(recs) > 1 or len(keys.get((job, s), ())) > 1:
                 v.duplicates.append((job, s))
+    return lateness
+
+
+def _add_audit(v: Verdict, load: Load) -> None:
+    """The audit's findings on the load's jobs, folded into the verdict."""
+    assert v.audit is not None
     mine = [x for x in v.audit.violations if x.job_id in load.expected]
     for x in mine:
         print(f"audit: {x.kind} {x.job_id}@{x.scheduled_for_ms} {x.exec_id}: {x.detail}")
@@ -418,11 +448,6 @@ def judge(settings: Settings, receiver: Receiver, load: Load, *,
             v.duplicates.append((x.job_id, x.scheduled_for_ms or 0))
         elif x.kind == "attempts_over_policy":
             v.over_policy.append(f"audit: {x.detail}")
-    if lateness:
-        lateness.sort()
-        v.max_lateness_ms = lateness[-1]
-        v.p99_lateness_ms = lateness[min(len(lateness) - 1, int(len(lateness) * 0.99))]
-    return v
 
 
 def audit_problems(report: AuditReport, jobs: set[str] | None = None) -> list[str]:

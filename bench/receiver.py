@@ -48,6 +48,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 class Headers(dict[str, str]):
     """Request headers under lower-cased names; looked up in any case."""
 
+    __slots__ = ()
+
     def __getitem__(self, name: str) -> str:
         return super().__getitem__(name.lower())
 
@@ -56,9 +58,6 @@ class Headers(dict[str, str]):
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and super().__contains__(name.lower())
-
-
-NO_HEADERS = Headers()
 
 
 class Hit(NamedTuple):
@@ -70,11 +69,16 @@ class Hit(NamedTuple):
     broker_ms: int = 0  # Kafka target only: the record's broker (LogAppendTime) timestamp
     path: str = ""  # HTTP only, like what follows
     status: int = 200  # the status answered; 0: the connection was closed instead
-    headers: Headers = NO_HEADERS
+    head: bytes = b""  # the request head as received (unless the receiver drops heads)
 
     @property
     def received_ms(self) -> int:
         return int(self.recv_ms)
+
+    @property
+    def headers(self) -> Headers:
+        """The request's headers, parsed from `head` on each access."""
+        return Headers(_parse_head(self.head)[1]) if self.head else Headers()
 
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
@@ -95,11 +99,11 @@ def iso_ms(text: str) -> int:
     return ms
 
 
-def _parse_head(head: bytes) -> tuple[str, Headers]:
-    """The request's path, and its headers."""
+def _parse_head(head: bytes) -> tuple[str, dict[str, str]]:
+    """The request's path, and its headers under lower-cased names."""
     lines = head.split(b"\r\n")
     target = lines[0].split(b" ", 2)
-    out = Headers()
+    out: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if sep:
@@ -118,19 +122,19 @@ def _hit(headers: dict[str, str], recv_ms: float) -> Hit | None:
         return None
 
 
-def _http_hit(path: str, headers: Headers, recv_ms: float, status: int) -> Hit:
+def _http_hit(path: str, headers: dict[str, str], head: bytes, recv_ms: float,
+              status: int) -> Hit:
     """Every request is recorded, a kron call or not (a test's own GET, a stray probe)."""
-    get = dict.get
     try:
-        attempt = int(get(headers, "x-kron-attempt", "0"))
+        attempt = int(headers.get("x-kron-attempt", "0"))
     except ValueError:
         attempt = 0
     try:
-        scheduled = iso_ms(get(headers, "x-kron-scheduled-for", ""))
+        scheduled = iso_ms(headers.get("x-kron-scheduled-for", ""))
     except ValueError:
         scheduled = 0
-    return Hit(get(headers, "x-kron-job-id", ""), get(headers, "idempotency-key", ""), attempt,
-               scheduled, recv_ms, 0, path, status, headers)
+    return Hit(headers.get("x-kron-job-id", ""), headers.get("idempotency-key", ""), attempt,
+               scheduled, recv_ms, 0, path, status, head)
 
 
 def _response(status: int, extra: dict[str, str]) -> bytes:
@@ -194,9 +198,12 @@ class Receiver:
     """The loopback HTTP target (module docstring). `with Receiver() as r:` or
     `r = Receiver().start() ... r.stop()`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_heads: bool = True) -> None:
         self.hits: list[Hit] = []  # list.append is atomic under the GIL: no lock needed
         self.port = 0
+        # Hits keep their request's head (so `Hit.headers`), a few hundred bytes each; the
+        # bench, which records hundreds of thousands and reads none, drops them.
+        self.keep_heads = keep_heads
         self.killable: dict[int, str] = {}
         self.kills: list[KillEvent] = []
         self._counts: dict[tuple[str, str], int] = defaultdict(int)  # the loop's thread only
@@ -283,24 +290,25 @@ class Receiver:
         asyncio.get_running_loop().stop()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hits = self.hits
+        hits, keep = self.hits, self.keep_heads
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 recv_ms = time.time() * 1000
                 path, headers = _parse_head(head)
-                length = int(dict.get(headers, "content-length") or 0)
+                length = int(headers.get("content-length") or 0)
                 if length:
                     await reader.readexactly(length)
                 kind = path.split("/", 2)[1] if path.startswith("/") else ""
                 if kind in BEHAVIOURS:
-                    if not await self._behave(kind, path, headers, recv_ms, writer):
+                    if not await self._behave(kind, path, headers, head if keep else b"",
+                                              recv_ms, writer):
                         break
                 else:
-                    hits.append(_http_hit(path, headers, recv_ms, 200))
+                    hits.append(_http_hit(path, headers, head if keep else b"", recv_ms, 200))
                     writer.write(RESPONSE)
                     await writer.drain()
-                if dict.get(headers, "connection", "").lower() == "close":
+                if headers.get("connection", "").lower() == "close":
                     break
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
                 ValueError, IndexError):  # IndexError: a behaviour's path without its value
@@ -309,16 +317,16 @@ class Receiver:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _behave(self, kind: str, path: str, headers: Headers, recv_ms: float,
-                      writer: asyncio.StreamWriter) -> bool:
+    async def _behave(self, kind: str, path: str, headers: dict[str, str], head: bytes,
+                      recv_ms: float, writer: asyncio.StreamWriter) -> bool:
         """Answers a path with a behaviour; False: the connection is to close now."""
-        key = dict.get(headers, "idempotency-key", "")
+        key = headers.get("idempotency-key", "")
         n = self._counts[(path, key)]
         self._counts[(path, key)] = n + 1
         parts = path.strip("/").split("/")
         status, delay, extra = 200, 0.0, {}
         if kind == "reset":
-            self.hits.append(_http_hit(path, headers, recv_ms, 0))
+            self.hits.append(_http_hit(path, headers, head, recv_ms, 0))
             return False
         if kind == "status":
             codes = [int(c) for c in parts[1].split(",")]
@@ -342,7 +350,7 @@ class Receiver:
         if kind == "kill-on-arrival":
             threading.Thread(target=self._kill_caller, args=(peer_port, "during_call", key),
                              daemon=True).start()
-        self.hits.append(_http_hit(path, headers, recv_ms, status))
+        self.hits.append(_http_hit(path, headers, head, recv_ms, status))
         if delay:
             await asyncio.sleep(delay)
         writer.write(_response(status, extra))

@@ -296,7 +296,7 @@ class Stack:
         self.cluster: localkafka.Cluster | None = None
         self.sampler = Sampler()
         self.host_speed = HostSpeed()
-        self.receiver = Receiver()
+        self.receiver = Receiver(keep_heads=False)
         self._sink: CommandSink | None = None
         self._wm: Consumer | None = None
         self._probe_round = 0

@@ -121,3 +121,12 @@ def test_stop_ends_a_hanging_connection() -> None:
     assert time.monotonic() - t0 < 3
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{rcv.url}/ok", timeout=1)
+
+
+def test_the_bench_drops_the_heads_and_keeps_what_it_reads() -> None:
+    with Receiver(keep_heads=False) as rcv, httpx.Client() as c:
+        c.post(f"{rcv.url}/t", headers=KRON_HEADERS)
+        [hit] = rcv.wait_for("j1", 1, 5)
+    assert (hit.key, hit.attempt, hit.scheduled_ms, hit.path) == ("e1", 2, 1_767_225_600_000,
+                                                                 "/t")
+    assert hit.head == b"" and hit.headers == {}

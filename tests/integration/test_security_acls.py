@@ -41,11 +41,11 @@ from kron.settings import Settings
 from kron.topics import create_topics
 from replay.reader import read_topic
 from schemas import codec
+from tests.support.sasl import sasl_properties
 from tests.support.stack import spec
 
 pytestmark = pytest.mark.integration
 
-JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 ENGINE, SERVICE, READER = "kron-engine", "billing", "kron-reader"
 PASSWORDS = {ENGINE: "engine-scram-secret", SERVICE: "service-scram-secret",
              READER: "reader-scram-secret"}
@@ -62,26 +62,13 @@ class AclBroker:
 
 
 def _properties(cluster: localkafka.Cluster, sasl_port: int) -> str:
-    node = cluster.nodes[0]
-    props = dict(line.split("=", 1) for line in
-                 localkafka.server_properties(cluster, node).splitlines() if line)
-    plain, ctrl = node.broker_port, node.controller_port
-    props |= {
-        "listeners": f"PLAINTEXT://127.0.0.1:{plain},CONTROLLER://127.0.0.1:{ctrl},"
-                     f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{plain},"
-                                f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
-        "listener.security.protocol.map":
-            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
-        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": JAAS,
-        # KRaft's authorizer; nobody may do anything without an ACL that says so. The
-        # broker's own listeners run as ANONYMOUS here (see the module docstring).
+    # KRaft's authorizer; nobody may do anything without an ACL that says so. The broker's
+    # own listeners run as ANONYMOUS here (see the module docstring).
+    return sasl_properties(cluster, sasl_port, {
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "allow.everyone.if.no.acl.found": "false",
         "super.users": "User:ANONYMOUS;User:admin",
-    }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
+    })
 
 
 @pytest.fixture(scope="module")

@@ -81,6 +81,14 @@ def is_dir(path: str) -> bool:
     return os.path.isdir(path)
 
 
+async def dies(pid: int, within_s: float = 5.0) -> bool:
+    for _ in range(int(within_s * 10)):
+        if not alive(pid):
+            return True
+        await asyncio.sleep(0.1)
+    return not alive(pid)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -124,22 +132,14 @@ async def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert out.error_class is ErrorClass.TIMEOUT and not out.ok
     assert time.monotonic() - began < 20
     grandchild = int((tmp_path / "grandchild.pid").read_text())
-    for _ in range(50):
-        if not alive(grandchild):
-            break
-        await asyncio.sleep(0.1)
-    assert not alive(grandchild)
+    assert await dies(grandchild)
 
 
 async def test_a_grandchild_left_after_a_normal_exit_is_killed(tmp_path: Path) -> None:
     out = await runner(tmp_path).run({"command": "forker", "args": {"sleep": "0"}}, INFO)
     assert out.ok, out
     grandchild = int((tmp_path / "grandchild.pid").read_text())
-    for _ in range(50):
-        if not alive(grandchild):
-            break
-        await asyncio.sleep(0.1)
-    assert not alive(grandchild)
+    assert await dies(grandchild)
 
 
 async def test_a_cancelled_attempt_kills_its_group(tmp_path: Path) -> None:
@@ -154,11 +154,7 @@ async def test_a_cancelled_attempt_kills_its_group(tmp_path: Path) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(50):
-        if not alive(grandchild):
-            break
-        await asyncio.sleep(0.1)
-    assert not alive(grandchild)
+    assert await dies(grandchild)
 
 
 @pytest.mark.parametrize(("target", "why"), [

@@ -27,12 +27,12 @@ from kron.processes import WorkerProcess
 from kron.settings import Settings
 from kron.topics import create_topics
 from replay.reader import read_topic
+from tests.support.sasl import sasl_properties
 from tests.support.stack import spec
 
 pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "kron", "kron-scram-secret"
-JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 
 
 @dataclass
@@ -41,22 +41,6 @@ class SaslBroker:
     sasl_port: int
 
 
-def _properties(cluster: localkafka.Cluster, sasl_port: int) -> str:
-    node = cluster.nodes[0]
-    props = dict(line.split("=", 1) for line in
-                 localkafka.server_properties(cluster, node).splitlines() if line)
-    plain, ctrl = node.broker_port, node.controller_port
-    props |= {
-        "listeners": f"PLAINTEXT://127.0.0.1:{plain},CONTROLLER://127.0.0.1:{ctrl},"
-                     f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{plain},"
-                                f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
-        "listener.security.protocol.map":
-            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
-        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": JAAS,
-    }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +51,7 @@ def sasl_broker(tmp_path_factory) -> Iterator[SaslBroker]:
     node = cluster.nodes[0]
     node.data_dir.mkdir(parents=True)
     props = node.data_dir / "server.properties"
-    props.write_text(_properties(cluster, sasl_port))
+    props.write_text(sasl_properties(cluster, sasl_port))
     subprocess.run(localkafka._java(
         "kafka.tools.StorageTool", "format", "-t", localkafka.cluster_id(cluster), "-c",
         str(props), "--add-scram", f"SCRAM-SHA-512=[name={USER},password={PASSWORD}]"),

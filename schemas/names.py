@@ -12,6 +12,8 @@ RESUME_JOB: Final = "kron.commands.ResumeJob"
 DELETE_JOB: Final = "kron.commands.DeleteJob"
 TRIGGER_JOB: Final = "kron.commands.TriggerJob"
 BACKFILL_JOB: Final = "kron.commands.BackfillJob"
+CANCEL_RUN: Final = "kron.commands.CancelRun"
+RETRY_RUN: Final = "kron.commands.RetryRun"
 
 JOB_STATE: Final = "kron.state.JobState"
 
@@ -42,6 +44,8 @@ COMMANDS: Final = (
     DELETE_JOB,
     TRIGGER_JOB,
     BACKFILL_JOB,
+    CANCEL_RUN,
+    RETRY_RUN,
 )
 EXECUTION_EVENTS: Final = (
     EXECUTION_QUEUED,

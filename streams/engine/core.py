@@ -149,6 +149,9 @@ class Dispatch:
     # No decision waits on this execution's end (overlap `allow`): its result may wait
     # behind a spike's calls (streams/reports.py).
     result_may_wait: bool = False
+    # A DAG task instance: the run (its slot's execution id) and the task it runs.
+    run_id: str | None = None
+    task_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -1014,7 +1017,7 @@ class PartitionCore:
             "worker": None, "lease_until_ms": None, "retry_at_ms": None,
             "dst_outcome": slot.dst_outcome, "reason": None, "last_error": None,
             "status_code": None, "attempts": [], "created_at_ms": ctx.now_ms,
-            "updated_at_ms": ctx.now_ms,
+            "updated_at_ms": ctx.now_ms, "run_id": None, "task_id": None, "dag": None,
         }
 
     def _start_execution(self, job: Record, plan: JobPlan, ctx: Context, *, ex_id: str,

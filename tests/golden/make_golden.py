@@ -517,6 +517,69 @@ def _v2_job_samples() -> dict[tuple[str, int], list[Record]]:
     return out
 
 
+# v3 adds kron.DagTarget: a workflow of tasks, each with its own target (any but a raw argv).
+SPEC_DAG: Record = {
+    **SPEC_HTTP_FULL,
+    "name": "settlement",
+    "target": ("kron.DagTarget", {"tasks": [
+        {"id": "ingest", "target": ("kron.HttpTarget", {"url": "https://example.com/ingest"})},
+        {"id": "fx", "target": ("kron.KafkaTarget", {"topic": "acme.fx", "key": b"k"}),
+         "timeout_s": 5.0},
+        {"id": "reconcile", "target": ("kron.RegisteredCommandTarget", {"command": "recon"}),
+         "depends_on": ["ingest", "fx"], "trigger_rule": "all_success",
+         "retry": {"max_attempts": 5, "backoff": "exponential", "base_s": 10.0, "max_s": 300.0}},
+        {"id": "cleanup", "target": ("kron.HttpTarget", {"url": "https://example.com/c"}),
+         "depends_on": ["reconcile"], "trigger_rule": "all_done"},
+    ]}),
+}
+SPEC_DAG_MIN: Record = {
+    **SPEC_KAFKA_MIN,
+    "target": ("kron.DagTarget", {"tasks": [
+        {"id": "a", "target": ("kron.KafkaTarget", {"topic": "t.a"})}]}),
+}
+
+
+def _v3_job_samples() -> dict[tuple[str, int], list[Record]]:
+    """v3 (kron.DagTarget in the target union): v2's samples again and a DAG job, full and
+    minimal."""
+    v2 = _v2_job_samples()
+    out: dict[tuple[str, int], list[Record]] = {}
+    for name in ("kron.commands.CreateJob", "kron.commands.UpdateJob", "kron.state.JobState"):
+        records = v2[(name, 2)]
+        out[(name, 3)] = [*records, {**records[0], "spec": SPEC_DAG},
+                          {**records[-1], "spec": SPEC_DAG_MIN}]
+    out[("kron.commands.CreateJobs", 3)] = [
+        {"envelope": _env("job.create_many_requested", 1), "command_id": "cmd-1",
+         "jobs": [{"job_id": "job-1", "idempotency_key": "idem-1", "spec": SPEC_DAG},
+                  {"job_id": "job-2", "idempotency_key": None, "spec": SPEC_DAG_MIN},
+                  {"job_id": "job-3", "idempotency_key": None, "spec": SPEC_REGISTERED}]},
+    ]
+    return out
+
+
+def _task_progress(task_id: str, state: str, **counts: int) -> Record:
+    return {"task_id": task_id, "state": state, "pending": counts.get("pending", 0),
+            "succeeded": counts.get("succeeded", 0), "failed": counts.get("failed", 0),
+            "skipped": counts.get("skipped", 0), "reason": None}
+
+
+def _v2_execution_samples() -> list[Record]:
+    """v2 of ExecutionState: a DAG run's progress, and a task instance's run and task ids."""
+    v1 = _v1_samples()["kron.executions.ExecutionState"]
+    run = {**v1[1], "state": "running", "dag": {"tasks": [
+        _task_progress("ingest", "succeeded"),
+        _task_progress("fx", "failed"),
+        {**_task_progress("reconcile", "upstream_failed", failed=1, succeeded=1),
+         "reason": "trigger rule all_success: a parent failed"},
+        _task_progress("cleanup", "running", failed=1),
+        _task_progress("later", "pending", pending=1),
+        _task_progress("x", "skipped", skipped=2),
+        _task_progress("y", "cancelled"),
+    ]}}
+    task = {**v1[0], "run_id": "exec-2", "task_id": "fx", "dag": None}
+    return [*v1, run, task]
+
+
 # Samples are pinned per (name, version): a golden file records what that version's producers
 # wrote, so later versions add their own entries rather than editing these.
 SAMPLES: dict[tuple[str, int], list[Record]] = {
@@ -530,6 +593,16 @@ SAMPLES: dict[tuple[str, int], list[Record]] = {
          "jobs": []},
     ],
     **_v2_job_samples(),
+    **_v3_job_samples(),
+    ("kron.executions.ExecutionState", 2): _v2_execution_samples(),
+    ("kron.commands.CancelRun", 1): [
+        _command("run.cancel_requested", 1, full=True, run_id="exec-1", reason="operator"),
+        _command("run.cancel_requested", 2, full=False, run_id="", reason=None),
+    ],
+    ("kron.commands.RetryRun", 1): [
+        _command("run.retry_requested", 1, full=True, run_id="exec-1"),
+        _command("run.retry_requested", 2, full=False, run_id="exec-2"),
+    ],
     ("kron.engine.Tick", 2): [
         {"envelope": _env("engine.ticked", 1), "partition": 0, "now_ms": T0,
          "fire_ahead_ms": 3_000},

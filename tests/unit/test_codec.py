@@ -304,6 +304,18 @@ ATTEMPTS = st.fixed_dictionaries(
         "error": _opt(TEXT),
     }
 )
+TASK_PROGRESS = st.fixed_dictionaries(
+    {
+        "task_id": TEXT,
+        "state": st.sampled_from(["pending", "running", "succeeded", "failed", "skipped",
+                                  "upstream_failed", "cancelled"]),
+        "pending": INTS,
+        "succeeded": INTS,
+        "failed": INTS,
+        "skipped": INTS,
+        "reason": _opt(TEXT),
+    }
+)
 EXECUTION_STATES = st.fixed_dictionaries(
     {
         "envelope": ENVELOPES,
@@ -337,6 +349,9 @@ EXECUTION_STATES = st.fixed_dictionaries(
         "attempts": st.lists(ATTEMPTS, max_size=3),
         "created_at_ms": LONGS,
         "updated_at_ms": LONGS,
+        "run_id": _opt(TEXT),
+        "task_id": _opt(TEXT),
+        "dag": _opt(st.fixed_dictionaries({"tasks": st.lists(TASK_PROGRESS, max_size=3)})),
     }
 )
 

@@ -297,9 +297,9 @@ def test_a_validating_codec_gives_its_old_answer_for_any_field_value(
 
 def test_a_validating_codec_uses_the_compiled_writer_and_still_names_errors() -> None:
     codec = Codec(REGISTRY)
-    record = SAMPLES[(names.EXECUTION_STATE, 1)][0]
+    record = SAMPLES[(names.EXECUTION_STATE, 2)][-2]  # a DAG run, with its progress
     assert codec.encode(names.EXECUTION_STATE, record) == _fastavro(names.EXECUTION_STATE,
                                                                     record)
-    assert codec._writers[(names.EXECUTION_STATE, 1)] is not None
+    assert codec._writers[(names.EXECUTION_STATE, 2)] is not None
     with pytest.raises(EncodeError, match="attempt"):
         codec.encode(names.EXECUTION_STATE, {**record, "attempt": 1.5})

@@ -77,3 +77,10 @@ def manual_exec_id(job_id: str, command_id: str) -> str:
 def event_id(*parts: str | int) -> str:
     """Id of an event derived from other records, e.g. ``event_id("fired", exec_id)``."""
     return _digest(b"kron.event", *parts)
+
+
+def task_exec_id(run_id: str, task_id: str) -> str:
+    """Id of a DAG task instance: one per (run, task), so a repeated run (a redelivered slot,
+    a backfill, a retry of the run) finds the same instance, and every attempt of it carries
+    the same Idempotency-Key."""
+    return _digest(b"kron.task", run_id, task_id)

@@ -292,7 +292,8 @@ class Executor:
                 else "command")
         info = AttemptInfo(exec_id=d.exec_id, job_id=d.job_id, tenant=d.tenant,
                            scheduled_for_iso=_iso(d.scheduled_for_ms), attempt=d.attempt,
-                           fencing_token=d.fencing_token, now_ms=started_ms)
+                           fencing_token=d.fencing_token, now_ms=started_ms,
+                           run_id=d.run_id, task_id=d.task_id)
         task = asyncio.ensure_future(self.runners[kind].run(d.target, info))
         self._inflight[d.exec_id] = task
         # Most attempts end long before their first heartbeat is due: a timer handle costs

@@ -47,6 +47,10 @@ class AttemptInfo:
     attempt: int
     fencing_token: int
     now_ms: int
+    # A DAG task instance: its run (the slot's execution id) and task. None otherwise, and
+    # then no header or variable names them.
+    run_id: str | None = None
+    task_id: str | None = None
 
 
 class Runner(Protocol):
@@ -104,6 +108,8 @@ class HttpRunner:
             "X-Kron-Attempt": str(info.attempt),
             "X-Kron-Fencing-Token": str(info.fencing_token),
         }
+        if info.run_id is not None:
+            _add_dag(headers, info, "X-Kron-Run-Id", "X-Kron-Task-Id")
         body = target.get("body")
         timeout_s = float(target.get("timeout_s", 30.0))
         try:
@@ -121,6 +127,15 @@ class HttpRunner:
                            error=f"{type(exc).__name__}: {exc}")
         return _http_outcome(resp.status, resp.retry_after,
                              resp.excerpt.decode("utf-8", "replace"), info.now_ms)
+
+
+def _add_dag(into: dict[str, Any], info: AttemptInfo, run_name: str, task_name: str) -> None:
+    """A DAG task instance's run and task, under the target kind's names (the caller
+    checks `info.run_id` first: an ordinary attempt pays one comparison)."""
+    assert info.run_id is not None
+    into[run_name] = info.run_id
+    if info.task_id is not None:
+        into[task_name] = info.task_id
 
 
 def _ssl_context(verify: ssl.SSLContext | bool) -> ssl.SSLContext:
@@ -180,6 +195,8 @@ class CommandRunner:
         env = {"PATH": self._registry.path, "LANG": "C.UTF-8", "HOME": str(home),
                **resolved.env, "KRON_EXEC_ID": info.exec_id, "KRON_JOB_ID": info.job_id,
                "KRON_ATTEMPT": str(info.attempt), "KRON_SCHEDULED_FOR": info.scheduled_for_iso}
+        if info.run_id is not None:
+            _add_dag(env, info, "KRON_RUN_ID", "KRON_TASK_ID")
         try:
             proc = await asyncio.create_subprocess_exec(
                 *sandbox_argv(resolved, env, self._user), env=env, cwd=home,
@@ -295,6 +312,8 @@ class KafkaRunner:
         headers = {**target.get("headers", {}), "Idempotency-Key": info.exec_id,
                    "X-Kron-Job-Id": info.job_id, "X-Kron-Attempt": str(info.attempt),
                    "X-Kron-Scheduled-For": info.scheduled_for_iso}
+        if info.run_id is not None:
+            _add_dag(headers, info, "X-Kron-Run-Id", "X-Kron-Task-Id")
         try:
             await self._send(target["topic"], target.get("key"), target.get("value"), headers)
         except Exception as exc:  # broker errors are worth a retry; the policy bounds them

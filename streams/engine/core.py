@@ -30,6 +30,7 @@ from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Tr
 from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
 from streams.domain.timer import encode_timer_key as timer_key
 from streams.engine import backfill
+from streams.engine.runs import DagRuns, is_run, is_task, retry_of, task_target
 from streams.engine.spec import JobPlan, branch, plan_of
 from streams.engine.store import TERMINAL, PartitionStore, Record
 
@@ -266,6 +267,7 @@ class PartitionCore:
         # Stats for logs and benchmarks; never part of a decision.
         self.suppressed = 0
         self.stale_rejected = 0
+        self._runs = DagRuns(self)
 
     def _plan(self, job: Record) -> JobPlan:
         return self._plans.plan(job)
@@ -335,6 +337,8 @@ class PartitionCore:
             "DeleteJob": self._delete,
             "TriggerJob": self._trigger,
             "BackfillJob": self._backfill,
+            "CancelRun": self._cancel_run,
+            "RetryRun": self._retry_run,
         }.get(kind)
         if handler is None:
             raise PermanentError(f"unknown command {name}", field=None)
@@ -369,7 +373,7 @@ class PartitionCore:
         (streams.engine.batch says why); the writes are numbered from ctx.seq, so a context
         whose seq is 0 gives the event ids a lone create's own context gives."""
         plan = plan_of(spec)
-        self._check_target(tenant, spec["target"])
+        self._check_targets(tenant, spec["target"], plan)
         job: Record = {
             # Replaced by _save_job's envelope; only the tenant is read from it.
             "envelope": {"tenant": tenant},
@@ -406,7 +410,7 @@ class PartitionCore:
             raise PermanentError(f"job is at version {job['version']}, not {expected}",
                                  field="expected_version")
         plan = plan_of(cmd["spec"])
-        self._check_target(job["envelope"]["tenant"], cmd["spec"]["target"])
+        self._check_targets(job["envelope"]["tenant"], cmd["spec"]["target"], plan)
         self._settle_overdue(job, ctx)
         self._disarm(job)
         # Under `allow` the list may hold finished runs (see _finish); another policy reads it.
@@ -421,6 +425,35 @@ class PartitionCore:
         self._arm(job, plan, bounded_next_slot(
             plan.schedule, after_ms=after, dst=plan.dst,
             start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms))
+
+    def _check_targets(self, tenant: str, target: Any, plan: JobPlan) -> None:
+        """The tenant's rights over the job's target, or over each task's of a DAG job."""
+        if plan.dag is None:
+            self._check_target(tenant, target)
+            return
+        for task in plan.dag.tasks:
+            try:
+                self._check_target(tenant, task.target)
+            except PermanentError as exc:
+                raise PermanentError(exc.message, field=f"dag.tasks[{task.index}].{exc.field}"
+                                     if exc.field else f"dag.tasks[{task.index}].target") from None
+
+    def _cancel_run(self, cmd: Record, job: Record, ctx: Context) -> None:
+        run = self._run_of(cmd, job)
+        if run["state"] != RUNNING:
+            raise PermanentError(f"run {run['exec_id']!r} is {run['state']}, not running",
+                                 field="run_id")
+        self._runs.cancel(job, run, ctx, reason=cmd.get("reason") or "run cancelled")
+
+    def _retry_run(self, cmd: Record, job: Record, ctx: Context) -> None:
+        self._runs.retry(job, self._run_of(cmd, job), ctx)
+
+    def _run_of(self, cmd: Record, job: Record) -> Record:
+        run = self.store.execution(cmd["run_id"])
+        if run is None or run["job_id"] != job["job_id"] or not is_run(run):
+            raise PermanentError(f"no DAG run {cmd['run_id']!r} of job {job['job_id']!r}",
+                                 field="run_id")
+        return run
 
     def _pause(self, cmd: Record, job: Record, ctx: Context) -> None:
         # The fire timer stays armed: each slot that falls due while paused is recorded as
@@ -540,7 +573,8 @@ class PartitionCore:
             return
         job["next_run_at_ms"] = slot.scheduled_for_ms
         timer: FireTimer = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "v": job["version"]}
-        if plan.overlap == Overlap.ALLOW or isinstance(plan.schedule, OneOffSchedule):
+        if plan.dag is None and (plan.overlap == Overlap.ALLOW
+                                 or isinstance(plan.schedule, OneOffSchedule)):
             timer["e"] = 1  # may be decided ahead (fire-ahead); read without the job
         value = orjson.dumps(timer)
         self.store.put_timer(self._fire_key(job, slot.scheduled_for_ms, plan), value)
@@ -799,7 +833,7 @@ class PartitionCore:
 
     def _lease(self, ex: Record, ctx: Context) -> None:
         entry: list[Any] = [ex["exec_id"], ex["attempt"]]
-        if ex["attempt"] == 1 and ex["trigger"] in SCHEDULE_TRIGGERS:
+        if ex["attempt"] == 1 and ex["trigger"] in SCHEDULE_TRIGGERS and not is_task(ex):
             # The slot too: if the execution's own write is lost and this timer survives, the
             # timer is what is left to decide the slot again by (_mend_lost_start).
             entry += [ex["job_id"], ex["scheduled_for_ms"]]
@@ -830,8 +864,13 @@ class PartitionCore:
     def _rearm(self, ex: Record, ctx: Context) -> None:
         """Make sure a live attempt is watched by its timer. A crash between an event's
         writes can make the execution durable without its lease or retry timer; the event
-        redelivered after the crash (or the attempt's lease timer) ends up here."""
-        if ex["state"] == RUNNING:
+        redelivered after the crash (or the attempt's lease timer) ends up here. A DAG run
+        has no attempt of its own: its tasks' are watched, and the run is mended."""
+        if is_run(ex):
+            job = self.store.job(ex["job_id"])
+            if job is not None:
+                self._runs.mend(job, ex, ctx)
+        elif ex["state"] == RUNNING:
             self._lease(ex, ctx)
         elif ex["state"] == RETRY_PENDING:
             self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
@@ -1039,6 +1078,9 @@ class PartitionCore:
         if len(job["running"]) >= RUNNING_PRUNE_AT:
             self._prune_running(job)
         job["running"].append(ex_id)
+        if plan.dag is not None:
+            self._runs.start(job, plan, ex, ctx)  # a DAG job's slot is a run of its tasks
+            return
         self._begin_attempt(job, plan, ex, ctx, not_before_ms=not_before_ms)
 
     def _rerun(self, job: Record, plan: JobPlan, ex: Record, ctx: Context) -> None:
@@ -1047,6 +1089,9 @@ class PartitionCore:
         It runs as any attempt does; if it fails, the retry policy judges it by its attempt
         number (a slot that failed all its attempts gets this one; one that was missed or
         skipped gets the policy's full count)."""
+        if is_run(ex):
+            self._runs.retry(job, ex, ctx)
+            return
         ex["reason"] = None
         if len(job["running"]) >= RUNNING_PRUNE_AT:
             self._prune_running(job)
@@ -1081,12 +1126,17 @@ class PartitionCore:
         if start > ctx.now_ms:
             ctx.held.setdefault(start, []).append([ex["exec_id"], ex["attempt"]])
         self._save_exec(ctx, ex, event_type)
+        task_id = ex["task_id"]
         ctx.effects.append(Dispatch(
             exec_id=ex["exec_id"], job_id=ex["job_id"], tenant=job["envelope"]["tenant"],
             scheduled_for_ms=ex["scheduled_for_ms"], attempt=ex["attempt"],
-            fencing_token=ex["fencing_token"], target=branch(job["spec"]["target"]),
+            fencing_token=ex["fencing_token"],
+            target=branch(job["spec"]["target"]) if task_id is None else task_target(plan, task_id),
             lease_s=plan.lease_s, not_before_ms=start if start > ctx.now_ms else 0,
-            lease_until_ms=ex["lease_until_ms"], result_may_wait=plan.overlap == Overlap.ALLOW))
+            lease_until_ms=ex["lease_until_ms"],
+            # A task's end releases the next tasks: it must not wait behind other results.
+            result_may_wait=plan.overlap == Overlap.ALLOW and task_id is None,
+            run_id=ex["run_id"], task_id=task_id))
 
     def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])
@@ -1106,13 +1156,26 @@ class PartitionCore:
         if ex is None or ex["state"] in TERMINAL:
             _discard(job["running"], ex_id)
             return
+        if is_run(ex):
+            self._runs.cancel(job, ex, ctx, reason=reason)
+            return
+        self._fence(ex, ctx, reason=reason)
+        self._finish(job, ex, ctx, "execution.cancelled")
+
+    def _fence(self, ex: Record, ctx: Context, *, reason: str) -> None:
+        """Cancel the execution's attempt: the call is stopped, and bumping the token fences
+        it (its late report is rejected)."""
         self._del_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
-        ctx.effects.append(Cancel(exec_id=ex_id, fencing_token=ex["fencing_token"]))
-        # Bumping the token fences the cancelled attempt: its late report is rejected.
+        ctx.effects.append(Cancel(exec_id=ex["exec_id"], fencing_token=ex["fencing_token"]))
         ex["fencing_token"] += 1
         ex["state"] = CANCELLED
         ex["reason"] = reason
-        self._finish(job, ex, ctx, "execution.cancelled")
+
+    def _stop_attempt(self, ex: Record, ctx: Context, *, reason: str) -> None:
+        """Cancel a DAG task instance whose run is being cancelled (the run records it)."""
+        self._fence(ex, ctx, reason=reason)
+        ex["lease_until_ms"] = None
+        self._save_exec(ctx, ex, "execution.cancelled")
 
     # --- attempt reports ---------------------------------------------------------------------
 
@@ -1132,6 +1195,8 @@ class PartitionCore:
         if ex is None or ex["state"] != RUNNING or ex["fencing_token"] != rep["fencing_token"]:
             # A zombie's or a cancelled attempt's word: fenced, never applied.
             self.stale_rejected += 1
+            if ex is not None and ex["run_id"] is not None and ex["state"] in TERMINAL:
+                self._mend_run_of(ex, ctx)  # perhaps the report came again after a crash
             return
         job = self.store.job(ex["job_id"])
         if job is None:
@@ -1153,6 +1218,11 @@ class PartitionCore:
                                retry_after_s=rep.get("retry_after_s"),
                                started_at_ms=rep.get("started_at_ms"), report=rep)
 
+    def _mend_run_of(self, task: Record, ctx: Context) -> None:
+        run, job = self.store.execution(task["run_id"]), self.store.job(task["job_id"])
+        if run is not None and job is not None:
+            self._runs.mend(job, run, ctx)
+
     def _fail_attempt(self, job: Record, ex: Record, ctx: Context, *, error_class: ErrorClass,
                       error: str, status_code: int | None, retry_after_s: float | None,
                       started_at_ms: int | None, report: Record | None = None) -> None:
@@ -1161,8 +1231,9 @@ class PartitionCore:
                                       "error": error}, str(error_class))
         ex["last_error"] = error
         ex["status_code"] = status_code
-        if should_retry(plan.retry, failed_attempt=ex["attempt"], error_class=error_class):
-            delay = retry_delay_s(plan.retry, failed_attempt=ex["attempt"],
+        retry = plan.retry if ex["task_id"] is None else retry_of(plan, ex)
+        if should_retry(retry, failed_attempt=ex["attempt"], error_class=error_class):
+            delay = retry_delay_s(retry, failed_attempt=ex["attempt"],
                                   rand=_rand(ex["exec_id"], ex["attempt"]),
                                   retry_after_s=retry_after_s)
             ex["state"] = RETRY_PENDING
@@ -1199,6 +1270,9 @@ class PartitionCore:
         """
         ex["lease_until_ms"] = None
         self._save_exec(ctx, ex, event_type)
+        if ex["run_id"] is not None:
+            self._runs.task_done(job, ex, ctx)  # a task instance: its run decides what follows
+            return
         status = job["status"]
         _discard(job["running"], ex["exec_id"])
         queued = job["queued_slot_ms"]
@@ -1238,5 +1312,6 @@ def _past(kind: str) -> str:
     return {
         "UpdateJob": "updated", "PauseJob": "paused", "ResumeJob": "resumed",
         "DeleteJob": "deleted", "TriggerJob": "triggered", "BackfillJob": "backfill_requested",
+        "CancelRun": "run_cancelled", "RetryRun": "run_retried",
     }[kind]
 

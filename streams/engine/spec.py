@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from streams.domain.dag import DagPlan, parse_dag
 from streams.domain.errors import InvalidPolicy, InvalidSchedule, PermanentError
 from streams.domain.policies import (
     Backoff,
@@ -41,6 +42,8 @@ class JobPlan:
     lease_s: float
     start_at_ms: int | None
     end_at_ms: int | None
+    # A DAG job's tasks (its target is a kron.DagTarget); None for any other job.
+    dag: DagPlan | None = None
 
 
 # The slots' own setters, in field order. A frozen dataclass's __init__ sets each field
@@ -168,14 +171,27 @@ def _plan(spec: dict[str, Any]) -> JobPlan:
         schedule = parse_schedule(spec["schedule"])
     return _new_plan(schedule, retry, misfire, dst, overlap, jitter_s, lease_s,
                      _time(spec.get("start_at_ms"), "start_at"),
-                     _time(spec.get("end_at_ms"), "end_at"))
+                     _time(spec.get("end_at_ms"), "end_at"), _dag_of(spec.get("target")))
+
+
+def _dag_of(target: Any) -> DagPlan | None:
+    """The DAG of a kron.DagTarget, its structure checked (streams.domain.dag); None for any
+    other target. Each task's own target is judged by _check_target, as a job's is."""
+    if isinstance(target, tuple) and target[0] == "kron.DagTarget":
+        return parse_dag(target[1])
+    raw = branch(target)
+    if isinstance(raw, dict) and "tasks" in raw:
+        return parse_dag(raw)
+    return None
 
 
 def _check_target(target: Any) -> None:
     target = branch(target)
     if not isinstance(target, dict):
         raise PermanentError("target is required", field="target")
-    if "url" in target:
+    if "tasks" in target:
+        _check_task_targets(target["tasks"])
+    elif "url" in target:
         if not str(target["url"]).lower().startswith(("http://", "https://")):
             raise PermanentError("target.url must be an http(s) URL", field="target.url")
         _finite(target.get("timeout_s", 30.0), "target.timeout_s", 0.001, 3600)
@@ -197,3 +213,14 @@ def _check_target(target: Any) -> None:
         _finite(target.get("timeout_s", 300.0), "target.timeout_s", 0.001, 86_400)
     elif "topic" not in target:
         raise PermanentError("target must be http, kafka or command", field="target")
+
+
+def _check_task_targets(tasks: list[dict[str, Any]]) -> None:
+    """Each task's target as a job's own, its field named by its place in the DAG."""
+    for i, task in enumerate(tasks):
+        if "tasks" in branch(task["target"]):
+            raise PermanentError("a task's target can't be a DAG", field=f"dag.tasks[{i}].target")
+        try:
+            _check_target(task["target"])
+        except PermanentError as exc:
+            raise PermanentError(exc.message, field=f"dag.tasks[{i}].{exc.field}") from None

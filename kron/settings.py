@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     # out together as one CreateJobs record of up to this many (api/batcher.py). 1: each
     # create is a CreateJob record of its own.
     api_create_batch: int = Field(default=100, ge=1, le=500)
+    # DAG jobs: the most tasks and dependency edges the API accepts in one DAG. They can only
+    # lower the limits every worker applies to any command (streams.domain.dag).
+    dag_max_tasks: int = Field(default=500, ge=1, le=500)
+    dag_max_edges: int = Field(default=5000, ge=0, le=5000)
     # Worker
     # Call targets only after the attempt's start is acknowledged by Kafka: a crash then
     # repeats a call only as a new attempt with a new token. Costs dispatch latency.

@@ -43,6 +43,37 @@ interleaving between keys and between the two topics does not matter) and report
 ``cursor_backwards``
     A job's ``cursor_ms`` decreasing (or being cleared) between consecutive states.
 
+DAG jobs (issue 38). A *run* is an execution record with ``dag`` set (its tasks' progress, in
+the DAG's order); a *task instance* is one with ``run_id`` and ``task_id`` set. The rules and
+dependencies come from the job's spec (a ``kron.DagTarget``) whose task ids are the run's,
+the latest written at or before the run record (or any, when compaction took that one).
+
+``dag.rule_held``
+    A run record in which a task is running that was not in the run's previous record, while
+    its trigger rule (``streams.domain.dag.verdict``), on its parents' states in that same
+    record (counted afresh, not read from the stored counts), does not say ``run``.
+``dag.final_states``
+    A run recorded succeeded, failed or cancelled with a task not final; one succeeded with a
+    failed, upstream_failed or cancelled task; one failed with none.
+``dag.one_run_per_slot``
+    Two run ids for one (job_id, scheduled_for_ms) among the schedule, misfire and backfill
+    triggers, or a run of those triggers whose id is not ``exec_id(job_id, scheduled_for_ms)``.
+    (Slots whose executions are all runs are judged here, not by ``duplicate_trigger``.)
+``dag.no_double_start``
+    A task instance's attempt started twice: the same attempt number with another worker or
+    start time while open, or open again after it closed (an attempt's report may correct its
+    start time once, as it closes it); attempt numbers that are not 1..n, or a record whose
+    ``attempt`` is not its last; more attempts than the task's ``retry.max_attempts`` (the job's
+    when the task has none) plus the re-runs it got (``execution.rerun_started``). Task
+    instances are judged by this bound instead of ``attempts_over_policy``'s.
+``dag.orphan_task``
+    A task instance whose ``run_id`` names no run record, whose run has no such task, or whose
+    id is not ``task_exec_id(run_id, task_id)``.
+
+A run taken from failed or cancelled back to running by ``dag_run.retried`` (RetryRun, or a
+backfill's rerun), and a task instance's next attempt started by ``execution.rerun_started``
+after it failed or was cancelled, are not duplicate triggers.
+
 One record yields at most one violation of each kind; findings of a kind are merged into its
 detail.
 """
@@ -57,9 +88,18 @@ from functools import lru_cache
 from typing import Any
 
 from kron import timefmt
+from streams.domain.dag import DagPlan, TaskState, Verdict, parse_dag, verdict
 from streams.domain.errors import PermanentError
-from streams.domain.policies import MisfireKind
-from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
+from streams.domain.ids import exec_id as slot_exec_id
+from streams.domain.ids import task_exec_id
+from streams.domain.policies import DstPolicy, MisfireKind
+from streams.domain.schedule import (
+    OneOffSchedule,
+    Schedule,
+    Slot,
+    apply_jitter,
+    bounded_next_slot,
+)
 from streams.domain.states import ExecutionStatus, JobStatus, Trigger
 from streams.engine.backfill import RERUN_STARTED, RERUNNABLE
 from streams.engine.core import PACE_MS
@@ -73,9 +113,22 @@ LOST_SLOT = "lost_slot"
 ATTEMPTS_OVER_POLICY = "attempts_over_policy"
 STALE_TOKEN = "stale_token"
 CURSOR_BACKWARDS = "cursor_backwards"
-KINDS = (DUPLICATE_TRIGGER, LOST_SLOT, ATTEMPTS_OVER_POLICY, STALE_TOKEN, CURSOR_BACKWARDS)
+DAG_RULE_HELD = "dag.rule_held"
+DAG_FINAL_STATES = "dag.final_states"
+DAG_ONE_RUN_PER_SLOT = "dag.one_run_per_slot"
+DAG_NO_DOUBLE_START = "dag.no_double_start"
+DAG_ORPHAN_TASK = "dag.orphan_task"
+DAG_KINDS = (DAG_RULE_HELD, DAG_FINAL_STATES, DAG_ONE_RUN_PER_SLOT, DAG_NO_DOUBLE_START,
+             DAG_ORPHAN_TASK)
+KINDS = (DUPLICATE_TRIGGER, LOST_SLOT, ATTEMPTS_OVER_POLICY, STALE_TOKEN, CURSOR_BACKWARDS,
+         *DAG_KINDS)
 
 SLOT_TRIGGERS = frozenset({Trigger.SCHEDULE, Trigger.MISFIRE, Trigger.BACKFILL})
+# A DAG run's retry (RetryRun, or a backfill's rerun) takes it from one of these to running.
+RUN_RETRIED = "dag_run.retried"
+RUN_RETRYABLE = frozenset({ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
+RUN_ENDS = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED,
+                      ExecutionStatus.CANCELLED})
 DEFAULT_GRACE_MS = 10_000
 MAX_SLOTS_PER_JOB = 100_000
 
@@ -97,6 +150,8 @@ class AuditReport:
     slots_checked: int = 0  # distinct (job, slot) judged by the lost-slot check
     truncated: tuple[str, ...] = ()  # job_ids whose slot enumeration hit the limit
     notes: tuple[str, ...] = ()  # what could not be judged, and why
+    dag_runs: int = 0  # distinct DAG runs read
+    task_instances: int = 0  # distinct DAG task instances read
 
     @property
     def ok(self) -> bool:
@@ -127,7 +182,10 @@ class AuditReport:
 
     @property
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(KINDS, 0)
+        """Violations per kind: every kind, the DAG ones when the history has DAG runs or
+        task instances (or a DAG violation)."""
+        dag = self.dag_runs or self.task_instances
+        out = dict.fromkeys(KINDS if dag else KINDS[:-len(DAG_KINDS)], 0)
         for v in self.violations:
             out[v.kind] = out.get(v.kind, 0) + 1
         return out
@@ -140,6 +198,8 @@ class AuditReport:
             "executions": self.executions,
             "jobs": self.jobs,
             "slots_checked": self.slots_checked,
+            "dag_runs": self.dag_runs,
+            "task_instances": self.task_instances,
             "truncated": list(self.truncated),
             "notes": list(self.notes),
         }
@@ -206,6 +266,17 @@ def _outcomes(rec: Record) -> dict[int, tuple[str | None, int]]:
             for a in rec.get("attempts") or ()}
 
 
+def _restarted(rec: Record, prev_state: str, prev_attempt: int) -> bool:
+    """A terminal execution legitimately running again: a backfill's rerun (or a DAG run's
+    retry) starting a task instance's or an execution's next attempt, or a DAG run retried."""
+    event_type = (rec.get("envelope") or {}).get("event_type")
+    if event_type == RERUN_STARTED and int(rec["attempt"]) == prev_attempt + 1:
+        return prev_state in RERUNNABLE or (rec.get("run_id") is not None
+                                            and prev_state in RUN_RETRYABLE)
+    return (event_type == RUN_RETRIED and rec.get("dag") is not None
+            and prev_state in RUN_RETRYABLE)
+
+
 def _check_execution(rec: Record, idx: int, seen: _ExecSeen | None, out: _Findings) -> _ExecSeen:
     ex_id, job_id, slot = rec["exec_id"], rec["job_id"], rec["scheduled_for_ms"]
     state, attempt, token = rec["state"], int(rec["attempt"]), int(rec["fencing_token"])
@@ -227,9 +298,9 @@ def _check_execution(rec: Record, idx: int, seen: _ExecSeen | None, out: _Findin
     else:
         prev_state, prev_token, prev_attempt = seen.state, seen.token, seen.attempt
         if prev_state in TERMINAL and state != prev_state:
-            if (event_type == RERUN_STARTED and prev_state in RERUNNABLE
-                    and attempt == prev_attempt + 1):
-                # A backfill ran it again: a new round, judged apart from the old one.
+            if _restarted(rec, prev_state, prev_attempt):
+                # A backfill or a DAG run's retry ran it again: a new round, judged apart
+                # from the old one.
                 seen.rerun_at, seen.permanent_at = attempt, None
             elif state not in TERMINAL:
                 report(DUPLICATE_TRIGGER,
@@ -326,10 +397,17 @@ def _max_attempts(job: Record) -> int | None:
 # --- slots --------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=65_536)
 def _next(plan: JobPlan, after_ms: int) -> Slot | None:
-    return bounded_next_slot(plan.schedule, after_ms=after_ms, dst=plan.dst,
-                             start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
+    return _next_slot(plan.schedule, plan.dst, plan.start_at_ms, plan.end_at_ms, after_ms)
+
+
+@lru_cache(maxsize=65_536)
+def _next_slot(schedule: Schedule, dst: DstPolicy, start_at_ms: int | None,
+               end_at_ms: int | None, after_ms: int) -> Slot | None:
+    # Keyed by what decides the slots, not by the plan: a DAG job's plan holds its tasks'
+    # targets (dicts), which do not hash.
+    return bounded_next_slot(schedule, after_ms=after_ms, dst=dst, start_at_ms=start_at_ms,
+                             end_at_ms=end_at_ms)
 
 
 class _Plans:
@@ -437,6 +515,273 @@ def _virtual_creation(first: Record, plan: JobPlan) -> Record | None:
             "envelope": {**(first.get("envelope") or {}), "event_type": "job.created"}}
 
 
+# --- DAG runs and task instances ----------------------------------------------------------
+
+
+def _dag_raw(target: Any) -> Any:
+    """The ``kron.DagTarget`` record of a job's target; None for any other target."""
+    if isinstance(target, tuple):
+        return target[1] if str(target[0]).endswith("DagTarget") else None
+    return target if isinstance(target, dict) and "tasks" in target else None
+
+
+@dataclass(slots=True)
+class _DagSpec:
+    since_ms: int
+    plan: DagPlan | None  # None: not a DAG then, or a DAG that does not parse
+    ids: tuple[str, ...]
+
+
+class _DagSpecs:
+    """Each DAG job's DAG over time (parsed once per change), and each task's retry limit."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, list[_DagSpec]] = defaultdict(list)
+        self._last: dict[str, tuple[Any, Any]] = {}
+        self.policy: dict[tuple[str, str], _Policy] = defaultdict(_Policy)
+        self.bad: set[tuple[str, int]] = set()
+
+    def add(self, job: Record) -> None:
+        spec = job.get("spec")
+        raw = _dag_raw(spec.get("target")) if isinstance(spec, dict) else None
+        job_id = job["job_id"]
+        if raw is None and job_id not in self._last:
+            return  # never a DAG job: one look at its target
+        key = (raw, spec.get("retry") if isinstance(spec, dict) else None)
+        if self._last.get(job_id) == key:
+            return
+        self._last[job_id] = key
+        since = int(job.get("updated_at_ms", 0))
+        plan = self._parse(job, raw)
+        ids = tuple(t.task_id for t in plan.tasks) if plan is not None else ()
+        self._specs[job_id].append(_DagSpec(since_ms=since, plan=plan, ids=ids))
+        if plan is not None:
+            job_max = _max_attempts(job)
+            for t in plan.tasks:
+                limit = t.retry.max_attempts if t.retry is not None else job_max
+                self.policy[(job_id, t.task_id)].add(since, limit)
+
+    def _parse(self, job: Record, raw: Any) -> DagPlan | None:
+        if raw is None:
+            return None
+        try:
+            return parse_dag(raw)
+        except (PermanentError, KeyError, TypeError, ValueError):
+            self.bad.add((job["job_id"], int(job.get("version", 0))))
+            return None
+
+    def plan_for(self, job_id: str, ids: tuple[str, ...], at_ms: int) -> DagPlan | None:
+        """The DAG with these task ids written last at or before at_ms, else any with them."""
+        fallback: DagPlan | None = None
+        for spec in reversed(self._specs.get(job_id, ())):
+            if spec.plan is None or spec.ids != ids:
+                continue
+            if spec.since_ms <= at_ms:
+                return spec.plan
+            fallback = spec.plan
+        return fallback
+
+
+@dataclass(slots=True)
+class _RunSeen:
+    job_id: str
+    scheduled_for_ms: int
+    states: dict[str, str]
+
+
+@dataclass(slots=True)
+class _AttemptSeen:
+    worker: str | None
+    started_at_ms: int | None
+    closed: bool
+
+
+@dataclass(slots=True)
+class _TaskSeen:
+    run_id: str
+    task_id: str
+    job_id: str
+    scheduled_for_ms: int
+    attempts: dict[int, _AttemptSeen] = field(default_factory=dict)
+    reruns: set[int] = field(default_factory=set)
+    over_reported: bool = False
+
+
+def _count_parents(plan: DagPlan, i: int, states: dict[str, str]) -> dict[str, int]:
+    counts = {"pending": 0, "succeeded": 0, "failed": 0, "skipped": 0}
+    for p in plan.parents[i]:
+        s = states.get(plan.tasks[p].task_id)
+        if s == TaskState.SUCCEEDED or s == TaskState.SKIPPED:
+            counts[s] += 1
+        elif s in TaskState.BAD:
+            counts["failed"] += 1
+        else:
+            counts["pending"] += 1
+    return counts
+
+
+class _DagCheck:
+    """The DAG checks, fed every execution record in order; the cross-record ones at the
+    end (a task instance may be read before its run: their keys interleave freely)."""
+
+    def __init__(self, specs: _DagSpecs, findings: _Findings) -> None:
+        self._specs = specs
+        self._out = findings
+        self.runs: dict[str, _RunSeen] = {}
+        self._tasks: dict[str, _TaskSeen] = {}
+        self._slot_runs: dict[tuple[str, int], set[str]] = defaultdict(set)
+        self.notes: list[str] = []
+        self._noted: set[str] = set()
+
+    @property
+    def task_count(self) -> int:
+        return len(self._tasks)
+
+    def see(self, rec: Record, idx: int) -> None:
+        if rec.get("dag") is not None:
+            self._run(rec, idx)
+        elif rec.get("run_id") is not None:
+            self._task(rec, idx)
+
+    def _add(self, where: tuple[Any, ...], kind: str, rec: Record | _TaskSeen | _RunSeen,
+             ex_id: str | None, detail: str) -> None:
+        if isinstance(rec, dict):
+            job_id, slot = rec["job_id"], rec["scheduled_for_ms"]
+        else:
+            job_id, slot = rec.job_id, rec.scheduled_for_ms
+        self._out.add(where, kind, job_id=job_id, exec_id=ex_id, scheduled_for_ms=slot,
+                      detail=detail)
+
+    # --- runs ---------------------------------------------------------------------------
+
+    def _run(self, rec: Record, idx: int) -> None:
+        ex_id, job_id, slot = rec["exec_id"], rec["job_id"], int(rec["scheduled_for_ms"])
+        states = {t["task_id"]: str(t["state"]) for t in rec["dag"].get("tasks") or ()}
+        prev = self.runs.get(ex_id)
+        before = prev.states if prev is not None else {}
+        started = [t for t, s in states.items()
+                   if s == TaskState.RUNNING and before.get(t) != TaskState.RUNNING]
+        if started:
+            self._judge_rules(rec, idx, states, started)
+        if rec["state"] in RUN_ENDS:
+            self._judge_end(rec, states)
+        if rec.get("trigger") in SLOT_TRIGGERS:
+            self._slot_runs[(job_id, slot)].add(ex_id)
+            if ex_id != slot_exec_id(job_id, slot):
+                self._add(("run-id", ex_id), DAG_ONE_RUN_PER_SLOT, rec, ex_id,
+                          f"a {rec.get('trigger')} run's id is not the slot's execution id "
+                          f"{slot_exec_id(job_id, slot)!r}")
+        self.runs[ex_id] = _RunSeen(job_id=job_id, scheduled_for_ms=slot, states=states)
+
+    def _judge_rules(self, rec: Record, idx: int, states: dict[str, str],
+                     started: list[str]) -> None:
+        """Each newly running task's trigger rule on its parents in this same record."""
+        plan = self._specs.plan_for(rec["job_id"], tuple(states), int(rec["updated_at_ms"]))
+        if plan is None:
+            self._note(rec["job_id"], f"{rec['job_id']}: no DAG in the job's recorded specs "
+                       f"has the tasks of run {rec['exec_id']} (and maybe others); their "
+                       "trigger rules were not judged")
+            return
+        for task_id in started:
+            i = plan.index[task_id]
+            task = plan.tasks[i]
+            counts = _count_parents(plan, i, states)
+            said = verdict(task.rule, total=len(task.depends_on), **counts)
+            if said != Verdict.RUN:
+                parents = ", ".join(f"{p}={states.get(p)}" for p in task.depends_on)
+                event_type = (rec.get("envelope") or {}).get("event_type")
+                self._add(("exec", idx), DAG_RULE_HELD, rec, rec["exec_id"],
+                          f"task {task_id!r} started ({event_type}) while its parents were "
+                          f"{parents}: trigger rule {task.rule} says {said}")
+
+    def _judge_end(self, rec: Record, states: dict[str, str]) -> None:
+        state = rec["state"]
+        where = ("run-end", rec["exec_id"])
+        open_ = [f"{t}={s}" for t, s in states.items() if s not in TaskState.FINAL]
+        bad = [f"{t}={s}" for t, s in states.items() if s in TaskState.BAD]
+        if open_:
+            self._add(where, DAG_FINAL_STATES, rec, rec["exec_id"],
+                      f"run ended {state} with tasks not final: {', '.join(open_)}")
+        if state == ExecutionStatus.SUCCEEDED and bad:
+            self._add(where, DAG_FINAL_STATES, rec, rec["exec_id"],
+                      f"run ended succeeded with {', '.join(bad)}")
+        if state == ExecutionStatus.FAILED and not bad and not open_:
+            self._add(where, DAG_FINAL_STATES, rec, rec["exec_id"],
+                      "run ended failed but no task failed, was upstream_failed or cancelled")
+
+    def _note(self, key: str, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
+
+    # --- task instances -------------------------------------------------------------------
+
+    def _task(self, rec: Record, idx: int) -> None:
+        ex_id = rec["exec_id"]
+        seen = self._tasks.get(ex_id)
+        if seen is None:
+            seen = self._tasks[ex_id] = _TaskSeen(
+                run_id=rec["run_id"], task_id=str(rec.get("task_id")), job_id=rec["job_id"],
+                scheduled_for_ms=int(rec["scheduled_for_ms"]))
+        attempt = int(rec["attempt"])
+        if (rec.get("envelope") or {}).get("event_type") == RERUN_STARTED:
+            seen.reruns.add(attempt)
+        problems = [p for a in rec.get("attempts") or () if (p := _restart(seen, a))]
+        numbers = [int(a["attempt"]) for a in rec.get("attempts") or ()]
+        if numbers != list(range(1, len(numbers) + 1)) or attempt != len(numbers):
+            problems.append(f"attempt numbers {numbers} with attempt {attempt}: not 1..n")
+        if not seen.over_reported:
+            allowed = self._specs.policy[(rec["job_id"], seen.task_id)].allowed(
+                int(rec["created_at_ms"]), int(rec["updated_at_ms"]))
+            if allowed is not None and attempt > allowed + len(seen.reruns):
+                seen.over_reported = True
+                problems.append(f"attempt {attempt} but task {seen.task_id!r} allows {allowed} "
+                                f"(retry.max_attempts) + {len(seen.reruns)} re-run(s)")
+        for detail in problems:
+            self._add(("exec", idx), DAG_NO_DOUBLE_START, rec, ex_id, detail)
+
+    # --- across records -------------------------------------------------------------------
+
+    def finish(self) -> None:
+        for (job_id, s), ids in self._slot_runs.items():
+            if len(ids) > 1:
+                self._out.add(("slot", job_id, s), DAG_ONE_RUN_PER_SLOT, job_id=job_id,
+                              exec_id=None, scheduled_for_ms=s,
+                              detail=f"{len(ids)} runs for one slot: {sorted(ids)}")
+        for ex_id, task in self._tasks.items():
+            run = self.runs.get(task.run_id)
+            if run is None:
+                why = f"run_id {task.run_id!r} names no DAG run record"
+            elif task.task_id not in run.states:
+                why = f"run {task.run_id!r} has no task {task.task_id!r}"
+            elif ex_id != task_exec_id(task.run_id, task.task_id):
+                why = f"its id is not task_exec_id({task.run_id!r}, {task.task_id!r})"
+            else:
+                continue
+            self._add(("orphan", ex_id), DAG_ORPHAN_TASK, task, ex_id, why)
+
+
+def _restart(seen: _TaskSeen, a: Record) -> str | None:
+    """What is wrong with this view of one attempt, given the earlier views of it."""
+    n, worker, started = int(a["attempt"]), a.get("worker"), a.get("started_at_ms")
+    is_open = a.get("outcome") is None
+    before = seen.attempts.get(n)
+    if before is None:
+        seen.attempts[n] = _AttemptSeen(worker=worker, started_at_ms=started,
+                                        closed=not is_open)
+        return None
+    problem = None
+    if worker != before.worker or (started != before.started_at_ms
+                                   and (is_open or before.closed)):
+        problem = (f"attempt {n} started twice: by {before.worker} at "
+                   f"{iso(before.started_at_ms)} and by {worker} at {iso(started)}")
+    elif is_open and before.closed:
+        problem = f"attempt {n} open again after it ended"
+    if not is_open and not before.closed:  # its report closes it, and may set its start
+        before.closed, before.started_at_ms = True, started
+    return problem
+
+
 # --- the audit ----------------------------------------------------------------------------
 
 
@@ -444,20 +789,28 @@ def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
           grace_ms: int = DEFAULT_GRACE_MS, max_slots: int = MAX_SLOTS_PER_JOB) -> AuditReport:
     findings = _Findings()
     # Jobs first: the lost-slot check needs every execution, so it runs last.
-    states, policy, n_jobs = _read_jobs(jobs, findings)
-    slots, n_execs = _read_executions(executions, policy, findings)
+    dags = _DagSpecs()
+    states, policy, n_jobs = _read_jobs(jobs, findings, dags)
+    dag = _DagCheck(dags, findings)
+    slots, n_execs = _read_executions(executions, policy, findings, dag)
+    dag.finish()
     for (job_id, s), ids in slots.items():
-        if len(ids) > 1:
+        # Two DAG runs for a slot are dag.one_run_per_slot's.
+        if len(ids) > 1 and not all(i in dag.runs for i in ids):
             findings.add(("slot", job_id, s), DUPLICATE_TRIGGER, job_id=job_id, exec_id=None,
                          scheduled_for_ms=s,
                          detail=f"{len(ids)} executions for one slot: {sorted(ids)}")
     checked, truncated, notes = _judge_slots(states, slots, findings, now_ms=now_ms,
                                              grace_ms=grace_ms, max_slots=max_slots)
+    notes += dag.notes
+    notes += [f"{job_id}: the DAG of spec version {version} does not parse; its runs' trigger "
+              "rules were not judged" for job_id, version in sorted(dags.bad)]
     return AuditReport(violations=findings.violations(), jobs=n_jobs, executions=n_execs,
-                       slots_checked=checked, truncated=tuple(truncated), notes=tuple(notes))
+                       slots_checked=checked, truncated=tuple(truncated), notes=tuple(notes),
+                       dag_runs=len(dag.runs), task_instances=dag.task_count)
 
 
-def _read_jobs(jobs: Iterable[Record], findings: _Findings
+def _read_jobs(jobs: Iterable[Record], findings: _Findings, dags: _DagSpecs
                ) -> tuple[dict[str, list[Record]], dict[str, _Policy], int]:
     """Each job's history in order, its retry policy over time; a cursor that moved back."""
     states: dict[str, list[Record]] = defaultdict(list)
@@ -477,13 +830,16 @@ def _read_jobs(jobs: Iterable[Record], findings: _Findings
                                     f"({(job.get('envelope') or {}).get('event_type')})")
         history.append(job)
         policy[job_id].add(int(job.get("updated_at_ms", 0)), _max_attempts(job))
+        dags.add(job)
     return states, policy, n_jobs
 
 
 def _read_executions(executions: Iterable[Record], policy: dict[str, _Policy],
-                     findings: _Findings) -> tuple[dict[tuple[str, int], set[str]], int]:
-    """Every execution's transitions checked; the executions of each slot; attempts past
-    the job's retry policy (a rerun's own attempt allowed)."""
+                     findings: _Findings, dag: _DagCheck
+                     ) -> tuple[dict[tuple[str, int], set[str]], int]:
+    """Every execution's transitions checked; the executions of each slot (a DAG task
+    instance shares its run's slot and is not one); attempts past the job's retry policy (a
+    rerun's own attempt allowed; a task instance's are judged by its task's, in _DagCheck)."""
     seen: dict[str, _ExecSeen] = {}
     slots: dict[tuple[str, int], set[str]] = defaultdict(set)
     over_policy: set[str] = set()
@@ -493,6 +849,9 @@ def _read_executions(executions: Iterable[Record], policy: dict[str, _Policy],
         n_execs += 1
         ex_id = rec["exec_id"]
         seen[ex_id] = _check_execution(rec, idx, seen.get(ex_id), findings)
+        dag.see(rec, idx)
+        if rec.get("run_id") is not None:
+            continue
         if rec.get("trigger") in SLOT_TRIGGERS:
             slots[(rec["job_id"], int(rec["scheduled_for_ms"]))].add(ex_id)
         if (rec.get("envelope") or {}).get("event_type") == RERUN_STARTED:
@@ -548,5 +907,5 @@ def _pairs(history: list[Record]) -> Iterator[tuple[Record, Record]]:
         yield history[i - 1], history[i]
 
 
-__all__ = ["KINDS", "AuditReport", "Violation", "audit", "iso"]
+__all__ = ["DAG_KINDS", "KINDS", "AuditReport", "Violation", "audit", "iso"]
 

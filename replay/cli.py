@@ -109,8 +109,10 @@ def _print_report(report: AuditReport, console: Console) -> None:
         console.print(table)
     counts = ", ".join(f"{k}={n}" for k, n in report.counts.items() if n)
     verdict = "[green]OK[/green]" if report.ok else f"[red]FAILED[/red] ({counts})"
+    dag = (f"{report.dag_runs:,} DAG runs, {report.task_instances:,} task instances, "
+           if report.dag_runs or report.task_instances else "")
     console.print(f"{report.jobs:,} job records, {report.executions:,} execution records, "
-                  f"{report.slots_checked:,} slots checked: {verdict}")
+                  f"{dag}{report.slots_checked:,} slots checked: {verdict}")
     for job_id in report.truncated:
         console.print(f"[yellow]note:[/yellow] {job_id}: slot enumeration stopped at the "
                       "per-job limit")
@@ -133,7 +135,9 @@ def audit_command(
     """Check the recorded history against kron's guarantees; exit code 1 on any violation.
 
     Reads kron.jobs and kron.executions and looks for duplicate triggers, lost slots,
-    attempts over the retry policy, stale-token writes and cursors moving back.
+    attempts over the retry policy, stale-token writes and cursors moving back; for DAG
+    jobs, tasks started against their trigger rule, finished runs with unfinished tasks,
+    two runs for one slot, task attempts started twice, and task instances without a run.
     """
     settings = Settings()
     now = now_ms if now_ms is not None else SystemClock().now_ms()

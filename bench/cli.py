@@ -346,3 +346,40 @@ def failover(
         raise typer.BadParameter("failover needs at least two workers", param_hint="--workers")
     run(scenarios.failover, opts, rate_per_s=rate, duration_s=duration, kill_after_s=kill,
         partitions=partitions, session_timeout_s=session_timeout, workers=workers)
+
+
+@bench_app.command()
+def dag(
+    runs: Annotated[int, typer.Option(min=1, max=100_000,
+                                      help="One-off DAG jobs (one run each), all due at "
+                                           "the same second.")] = 200,
+    fanout: Annotated[int, typer.Option(min=1, max=498,
+                                        help="Tasks between the root and the fan-in task: "
+                                             "1 -> FANOUT -> 1.")] = 20,
+    workers: WorkersOpt = 1,
+    partitions: PartitionsOpt = 8,
+    as_json: JsonOpt = False,
+    plot_dir: PlotOpt = None,
+    progress: ProgressOpt = False,
+    env: WorkerEnvOpt = None,
+    no_barrier: NoBarrierOpt = False,
+    save: SaveOpt = False,
+    label: LabelOpt = None,
+    results_dir: ResultsDirOpt = None,
+    repeat: RepeatOpt = 1,
+    broker_warmup: BrokerWarmupOpt = 30.0,
+) -> None:
+    """RUNS DAG runs of 1 -> FANOUT -> 1 HTTP tasks due together: release latency (parent
+    answered -> child called), runs/s, worker CPU per run and per task call, lost and
+    duplicated task calls.
+
+    --plot draws the release latency and task calls per second.
+    """
+    from bench import dag as scenario
+
+    opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
+                  repeat=repeat, broker_warmup_s=broker_warmup)
+    if workers < 1:
+        raise typer.BadParameter("dag needs at least one worker", param_hint="--workers")
+    run(scenario.dag, opts, runs=runs, fanout=fanout, workers=workers, partitions=partitions)

@@ -150,3 +150,22 @@ def test_failover_takes_over_the_killed_workers_partitions() -> None:
     assert r["executions"] == r["expected"] == 240, r["states"]
     assert r["orphaned_partitions"] and r["takeover_ms"] is not None
     assert r["orphan_lateness_ms"]["max"] is not None
+
+
+def test_dag_calls_every_task_of_every_run_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 5 one-off DAG jobs of 1 -> 3 -> 1 tasks due together (bench/dag.py). No timing asserted.
+    monkeypatch.setitem(SCENARIO_KEYS, "dag", ("runs", "fanout", "release_ms", "runs_per_s",
+                                               "tasks_lost", "worker_cpu_ms_per_run"))
+    r = bench("dag", "--runs", "5", "--fanout", "3", timeout_s=120)
+    assert (r["runs"], r["tasks_per_run"], r["expected"]) == (5, 5, 25)
+    assert r["executions"] == r["task_calls"] == 25 and r["tasks_lost"] == 0, r
+    # No (Idempotency-Key, attempt) twice, no task called again, each key its (run, task)'s.
+    assert r["target_duplicates"] == r["target_redeliveries"] == r["keys_mismatched"] == 0
+    assert r["runs_called"] == r["runs_succeeded"] == 5, r["run_states"]
+    # Every child's parent-answered -> child-called figure: 3 fan-out and 1 fan-in a run.
+    assert r["release_fanout_ms"]["n"] == 15 and r["release_fanin_ms"]["n"] == 5
+    assert r["released_before_parent"] == 0
+    # replay.audit's DAG checks over the runs' history (rules held, final states, ...).
+    dag_kinds = {k: v for k, v in r["audit"].items() if k.startswith("dag.")}
+    assert dag_kinds and not any(dag_kinds.values()), r["audit"]
+    assert r["worker_cpu_ms_per_run"] > 0 and r["worker_cpu_us_per_call"] > 0

@@ -9,10 +9,14 @@ Layers, from the outside in:
    The API's routes take them as FastAPI request bodies; :func:`invalid_of` words pydantic's
    errors (FastAPI's, or :func:`parse_request` / :func:`parse_patch`'s) as an
    :class:`InvalidField` carrying an API field path.
-2. :func:`build_spec` checks semantics the types can't express (URL safety, header syntax, time
-   bounds, sizes), assembles the Avro dict and then runs ``streams.engine.spec.plan_of`` -- the
-   engine's own validation, so the API can never accept a spec the engine would dead-letter.
-   Domain errors (``PermanentError.field``) are translated into API field paths.
+2. :data:`JOB_SPEC` validates a body (or a parsed :class:`JobRequest`) into its Avro spec
+   with a :class:`BuildContext` (``JOB_SPEC.validate_python(body, context=BuildContext(...))``):
+   its validator, ``_in_context``, checks what needs the context (times against now, URL
+   safety, the tenant's topic grants, the operator's registered commands) and semantics the
+   types can't express (header syntax, sizes), assembles the Avro dict and runs
+   ``streams.engine.spec.plan_of`` -- the engine's own validation, so the API can never
+   accept a spec the engine would dead-letter. Domain errors (``PermanentError.field``) are
+   translated into API field paths. :func:`build_spec` and :func:`spec_in` wrap it.
 3. :func:`merge_patch` applies a JSON merge patch (RFC 7396) to the canonical form of an
    existing spec and re-runs 1 and 2 on the result.
 
@@ -27,20 +31,25 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import orjson
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from kron.timefmt import iso
 from streams.domain.commands import ENABLE_HINT, CommandRegistry
@@ -52,6 +61,8 @@ from streams.guard import LEGACY_COMMAND
 from streams.netguard import BLOCKED_HOSTNAMES, check_url, is_blocked_ip, parse_ip
 
 __all__ = [
+    "JOB_SPEC",
+    "BuildContext",
     "CommandTargetIn",
     "DstIn",
     "HttpTargetIn",
@@ -72,6 +83,7 @@ __all__ = [
     "parse_time",
     "request_of",
     "spec_fingerprint",
+    "spec_in",
     "upcoming",
 ]
 
@@ -167,6 +179,44 @@ class InvalidField(Exception):
         self.kind = kind
         self.title = title
         self.errors: list[tuple[str, str]] = list(errors) or [(field, message)]
+
+
+# The now-relative checks a BuildContext can ask for, by the request field they judge.
+TIME_FIELDS = frozenset({"schedule", "run_at", "start_at", "end_at"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BuildContext:
+    """What the checks of a :class:`JobRequest` need beyond its body: the validation context
+    of ``JOB_SPEC.validate_python(body, context=BuildContext(...))``.
+
+    ``now_ms`` and ``times`` (which of :data:`TIME_FIELDS` to judge against now: all for a
+    create, none for a replayed one, a patch's own) with ``past_skew_s`` and
+    ``max_future_days`` bound the times; ``allow_private`` admits private URLs;
+    ``topic_prefix``, ``tenant`` and ``topic_grants`` say which Kafka topics a job may
+    publish to, ``commands`` (with ``tenant``) which registered commands it may run.
+    """
+
+    now_ms: int
+    allow_private: bool
+    past_skew_s: float = 60
+    max_future_days: int = 3660
+    topic_prefix: str = "kron"
+    times: frozenset[str] = TIME_FIELDS
+    tenant: str | None = None
+    topic_grants: TopicGrants | None = None
+    commands: CommandRegistry | None = None
+
+
+# The type of a pydantic error that carries an InvalidField (see _in_context, invalid_of).
+_INVALID_FIELD = "kron_invalid_field"
+
+
+def _pydantic_error(exc: InvalidField) -> PydanticCustomError:
+    """``exc`` as an error a validator can raise: the field, message, kind and title ride in
+    its context, and :func:`invalid_of` makes the same InvalidField of it again."""
+    return PydanticCustomError(_INVALID_FIELD, "{message}", {
+        "field": exc.field, "message": exc.message, "kind": exc.kind, "title": exc.title})
 
 
 # --- request models ---------------------------------------------------------------------------
@@ -325,6 +375,9 @@ class JobRequest(_Model):
 
     ``name`` is optional: without it the job is named after its target (``POST host/path``,
     ``kafka topic``, or the registered command's name).
+
+    Validated as a :data:`JOB_SPEC` with a :class:`BuildContext` as its context, a request is
+    also checked as :func:`build_spec` describes, and becomes its Avro spec.
     """
 
     name: str | None = Field(default=None, min_length=1, max_length=NAME_MAX)
@@ -446,6 +499,13 @@ def _message(err: Mapping[str, Any], path: str, top: Sequence[str]) -> str:
     return f"{path}: {msg}"
 
 
+def _pair(err: Mapping[str, Any], top: Sequence[str]) -> tuple[str, str]:
+    if err["type"] == _INVALID_FIELD:  # a check with a context, named as it named itself
+        return err["ctx"]["field"], err["ctx"]["message"]
+    path = _path(err["loc"])
+    return path, _message(err, path, top)
+
+
 def invalid_of(errors: Sequence[Mapping[str, Any]], model: type[BaseModel]) -> InvalidField:
     """pydantic's errors for a body of ``model`` (locations relative to the body) as one
     :class:`InvalidField`: the API field path and a message a caller can act on. Used for
@@ -453,7 +513,12 @@ def invalid_of(errors: Sequence[Mapping[str, Any]], model: type[BaseModel]) -> I
     # A typo ("nmae") also makes the real field missing; the unknown name is the better lead.
     ordered = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")
     top = list(model.model_fields)
-    pairs = [(p, _message(e, p, top)) for e in ordered for p in [_path(e["loc"])]]
+    pairs = [_pair(e, top) for e in ordered]
+    first = ordered[0]
+    if first["type"] == _INVALID_FIELD:
+        ctx = first["ctx"]
+        return InvalidField(pairs[0][0], pairs[0][1], errors=pairs, kind=ctx["kind"],
+                            title=ctx["title"])
     return InvalidField(pairs[0][0], pairs[0][1], errors=pairs)
 
 
@@ -467,6 +532,17 @@ def parse_request(body: Any) -> JobRequest:
         return JobRequest.model_validate(body)
     except ValidationError as exc:
         raise invalid_of(exc.errors(include_url=False), JobRequest) from None
+
+
+def spec_in(body: Any, context: BuildContext) -> dict[str, Any]:
+    """The Avro JobSpec of a decoded JSON body, or of a :class:`JobRequest` (FastAPI's: only
+    the checks that need ``context`` run again), validated as a :data:`JOB_SPEC`; raises
+    :class:`InvalidField`."""
+    try:
+        spec: dict[str, Any] = JOB_SPEC.validate_python(body, context=context)
+    except ValidationError as exc:
+        raise invalid_of(exc.errors(include_url=False), JobRequest) from None
+    return spec
 
 
 def parse_patch(body: Any) -> JobPatch:
@@ -585,7 +661,8 @@ def _check_url(url: str, allow_private: bool) -> None:
             raise InvalidField(field, f"{field} host {host!r} is not a valid host name")
     if not allow_private:
         _check_host(ascii_host, field)
-        _check_host(host, field)
+        if host != ascii_host:  # the same name passes the same checks
+            _check_host(host, field)
 
 
 def _check_headers(headers: Mapping[str, str], *, http: bool) -> dict[str, str]:
@@ -714,9 +791,6 @@ def _default_name(kind: str, target: Mapping[str, Any]) -> str:
     return name if name.strip() else "job"
 
 
-_TIME_FIELDS = frozenset({"schedule", "run_at", "start_at", "end_at"})
-
-
 def _api_field(field: str | None, run_at_path: str) -> str:
     """A domain/engine ``PermanentError.field`` as a path into the request body."""
     if field is None:
@@ -742,6 +816,9 @@ def build_spec(
     commands: CommandRegistry | None = None,
 ) -> dict[str, Any]:
     """The Avro ``kron.JobSpec`` for a request, validated; raises :class:`InvalidField`.
+
+    :func:`spec_in` with the :class:`BuildContext` of these arguments (``check_times`` is
+    ``times``: all of :data:`TIME_FIELDS` or none), for a request parsed without one.
 
     Every JobSpec field is present; unions are ``(record_name, dict)`` tuples and times epoch
     milliseconds, so the dict can go straight into ``schemas.codec.encode``. The result has
@@ -771,10 +848,11 @@ def build_spec(
     ``{topic_prefix}-*``) or Kafka's (``__*``); with ``tenant`` and ``topic_grants``, only to
     the topics ``topic_grants`` allows the tenant (streams/domain/topics.py).
     """
-    return _build(req, now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
-                  max_future_days=max_future_days, topic_prefix=topic_prefix,
-                  times=_TIME_FIELDS if check_times else frozenset(), tenant=tenant,
-                  topic_grants=topic_grants, commands=commands)
+    return spec_in(req, BuildContext(
+        now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
+        max_future_days=max_future_days, topic_prefix=topic_prefix,
+        times=TIME_FIELDS if check_times else frozenset(), tenant=tenant,
+        topic_grants=topic_grants, commands=commands))
 
 
 def _check_unicode(value: Any, path: str) -> None:
@@ -795,18 +873,20 @@ def _check_unicode(value: Any, path: str) -> None:
             _check_unicode(item, f"{path}.{i}")
 
 
-def _build(req: JobRequest, *, now_ms: int, allow_private: bool, past_skew_s: float,
-           max_future_days: int, topic_prefix: str, times: frozenset[str],
-           tenant: str | None = None, topic_grants: TopicGrants | None = None,
-           commands: CommandRegistry | None = None) -> dict[str, Any]:
-    # body/key/value become bytes, through surrogateescape (see _utf8); everything else is text.
+def _check_text(req: JobRequest) -> None:
+    """Every string but the target's body/key/value (bytes, through surrogateescape: see
+    _utf8) must be text Avro can encode."""
     raw = req.model_dump(exclude={"target": {"body", "key", "value"}})
     try:
         orjson.dumps(raw)  # fast path (the walk below is ~10% of a create): orjson refuses
     except orjson.JSONEncodeError:  # unpaired surrogates; the walk then names the field
         for key, value in raw.items():
             _check_unicode(value, key)
-    # Schedule: exactly one of schedule.cron, schedule.run_at and run_at.
+
+
+def _schedule_of(req: JobRequest) -> tuple[tuple[str, dict[str, Any]], int | None, str]:
+    """The spec's schedule, the one-off's run_at (ms) and the field that gave it: exactly one
+    of schedule.cron, schedule.run_at and run_at."""
     sched = req.schedule
     run_at_text, run_at_path = req.run_at, "run_at"
     if sched is not None and req.run_at is not None:
@@ -816,51 +896,55 @@ def _build(req: JobRequest, *, now_ms: int, allow_private: bool, past_skew_s: fl
             field = "schedule.cron" if sched.cron is not None else "schedule.timezone"
             raise InvalidField(field, "schedule takes either cron (with timezone) or run_at")
         run_at_text, run_at_path = sched.run_at, "schedule.run_at"
-    schedule: tuple[str, dict[str, Any]]
-    run_at_ms: int | None = None
     if run_at_text is not None:
         run_at_ms = parse_time(run_at_text, run_at_path)
-        schedule = ("kron.OneOffSchedule", {"run_at_ms": run_at_ms})
-    elif sched is not None and sched.cron is not None:
+        return ("kron.OneOffSchedule", {"run_at_ms": run_at_ms}), run_at_ms, run_at_path
+    if sched is not None and sched.cron is not None:
         try:
             cron = parse_cron(sched.cron, "UTC" if sched.timezone is None else sched.timezone)
         except PermanentError as exc:
             raise InvalidField(_api_field(exc.field, run_at_path), exc.message) from None
-        schedule = ("kron.CronSchedule", {"expr": cron.expr, "timezone": cron.timezone})
-    elif sched is not None:
+        return ("kron.CronSchedule", {"expr": cron.expr, "timezone": cron.timezone}), None, \
+            run_at_path
+    if sched is not None:
         raise InvalidField("schedule.cron", "schedule.cron is required (or give run_at for a "
                                             "one-off job)")
-    else:
-        raise InvalidField("schedule", "a schedule is required: schedule.cron (e.g. "
-                                       "'0 2 * * *') or run_at for a one-off job")
+    raise InvalidField("schedule", "a schedule is required: schedule.cron (e.g. "
+                                   "'0 2 * * *') or run_at for a one-off job")
+
+
+def _target_of(t: TargetIn, ctx: BuildContext) -> tuple[str, dict[str, Any]]:
+    if isinstance(t, HttpTargetIn):
+        return _http_target(t, ctx.allow_private)
+    if isinstance(t, KafkaTargetIn):
+        return _kafka_target(t, ctx.topic_prefix, ctx.tenant, ctx.topic_grants)
+    return _command_target(t, ctx.tenant, ctx.commands)
+
+
+def _spec_of(req: JobRequest, ctx: BuildContext) -> dict[str, Any]:
+    """The Avro JobSpec of a request judged in ``ctx`` (JOB_SPEC's validator)."""
+    _check_text(req)
+    schedule, run_at_ms, run_at_path = _schedule_of(req)
     start_at_ms = None if req.start_at is None else parse_time(req.start_at, "start_at")
     end_at_ms = None if req.end_at is None else parse_time(req.end_at, "end_at")
-    _check_instants(run_at_ms, start_at_ms, end_at_ms, now_ms=now_ms, run_at_path=run_at_path,
-                    fire_now_if_past=req.fire_now_if_past, past_skew_s=past_skew_s,
-                    max_future_days=max_future_days, times=times)
-
-    t = req.target
-    if isinstance(t, HttpTargetIn):
-        target = _http_target(t, allow_private)
-    elif isinstance(t, KafkaTargetIn):
-        target = _kafka_target(t, topic_prefix, tenant, topic_grants)
-    else:
-        target = _command_target(t, tenant, commands)
-
+    _check_instants(run_at_ms, start_at_ms, end_at_ms, ctx=ctx, run_at_path=run_at_path,
+                    fire_now_if_past=req.fire_now_if_past)
+    target = _target_of(req.target, ctx)
     metadata = _string_map(req.metadata, "metadata", max_entries=METADATA_MAX,
                            key_max=METADATA_KEY_MAX, value_max=METADATA_VALUE_MAX,
                            total_max=METADATA_TOTAL_MAX)
+    retry, misfire = req.retry, req.misfire
     spec: dict[str, Any] = {
         "name": req.name if req.name is not None else _default_name(*target),
         "schedule": schedule,
         "target": target,
-        "retry": {"max_attempts": req.retry.max_attempts, "backoff": req.retry.backoff,
-                  "base_s": float(req.retry.base_s), "max_s": float(req.retry.max_s)},
+        "retry": {"max_attempts": retry.max_attempts, "backoff": retry.backoff,
+                  "base_s": float(retry.base_s), "max_s": float(retry.max_s)},
         "overlap": req.concurrency,
-        "misfire": {"kind": req.misfire.kind,
-                    "late_by_s": (None if req.misfire.late_by_s is None
-                                  else float(req.misfire.late_by_s)),
-                    "fire_all_cap": req.misfire.fire_all_cap},
+        "misfire": {"kind": misfire.kind,
+                    "late_by_s": (None if misfire.late_by_s is None
+                                  else float(misfire.late_by_s)),
+                    "fire_all_cap": misfire.fire_all_cap},
         "dst": {"nonexistent": req.dst.nonexistent, "ambiguous": req.dst.ambiguous},
         "jitter_s": float(req.jitter_s),
         "start_at_ms": start_at_ms,
@@ -872,17 +956,35 @@ def _build(req: JobRequest, *, now_ms: int, allow_private: bool, past_skew_s: fl
         plan = plan_of(spec)
     except PermanentError as exc:
         raise InvalidField(_api_field(exc.field, run_at_path), exc.message) from None
-    if times:
-        _check_window(plan, now_ms=now_ms, run_at_path=run_at_path)
+    if ctx.times:
+        _check_window(plan, now_ms=ctx.now_ms, run_at_path=run_at_path)
     return spec
 
 
-def _check_instants(run_at: int | None, start: int | None, end: int | None, *, now_ms: int,
-                    run_at_path: str, fire_now_if_past: bool, past_skew_s: float,
-                    max_future_days: int, times: frozenset[str]) -> None:
-    """The now-relative checks on the times ``times`` names (all, none, or a patch's)."""
-    horizon_ms = now_ms + max_future_days * _DAY_MS
-    oldest_ms = now_ms - past_skew_s * 1000
+def _in_context(req: JobRequest, info: ValidationInfo) -> dict[str, Any]:
+    """JOB_SPEC's validator: the checks that need the validation's :class:`BuildContext`,
+    after JobRequest's own; their InvalidField rides out in a pydantic error."""
+    context = info.context
+    if not isinstance(context, BuildContext):
+        raise TypeError("JOB_SPEC is validated with a BuildContext as its context")
+    try:
+        return _spec_of(req, context)
+    except InvalidField as exc:
+        raise _pydantic_error(exc) from None
+
+
+# A request validated into its Avro JobSpec: ``JOB_SPEC.validate_python(body,
+# context=BuildContext(...))`` checks the body as a JobRequest (a JobRequest instance passes
+# as it is), then as _spec_of does with the context, and returns the spec (a dict).
+JOB_SPEC: TypeAdapter[Any] = TypeAdapter(Annotated[JobRequest, AfterValidator(_in_context)])
+
+
+def _check_instants(run_at: int | None, start: int | None, end: int | None, *,
+                    ctx: BuildContext, run_at_path: str, fire_now_if_past: bool) -> None:
+    """The now-relative checks on the times ``ctx.times`` names (all, none, or a patch's)."""
+    times, max_future_days = ctx.times, ctx.max_future_days
+    horizon_ms = ctx.now_ms + max_future_days * _DAY_MS
+    oldest_ms = ctx.now_ms - ctx.past_skew_s * 1000
     far = f"more than {max_future_days} days ahead; check the date (seconds vs milliseconds?)"
     if run_at is not None and "run_at" in times:
         if run_at < oldest_ms and not fire_now_if_past:
@@ -1049,16 +1151,15 @@ def merge_patch(
 
     merged = _merge(merged, changes)
     merged["fire_now_if_past"] = patch.fire_now_if_past
-    req = parse_request(merged)
 
     touched: set[str] = set()
     if {"schedule", "run_at"} & patch.model_fields_set:
         touched |= {"schedule", "run_at"}
     touched |= {"start_at", "end_at"} & patch.model_fields_set
-    return _build(req, now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
-                  max_future_days=max_future_days, topic_prefix=topic_prefix,
-                  times=frozenset(touched), tenant=tenant, topic_grants=topic_grants,
-                  commands=commands)
+    return spec_in(merged, BuildContext(
+        now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
+        max_future_days=max_future_days, topic_prefix=topic_prefix, times=frozenset(touched),
+        tenant=tenant, topic_grants=topic_grants, commands=commands))
 
 
 # --- fingerprint, preview ---------------------------------------------------------------------

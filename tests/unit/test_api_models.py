@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from api.models import (
     HEADERS_MAX,
+    JOB_SPEC,
+    BuildContext,
     InvalidField,
     JobRequest,
     build_spec,
@@ -24,6 +26,7 @@ from api.models import (
     parse_time,
     request_of,
     spec_fingerprint,
+    spec_in,
     upcoming,
 )
 from schemas.codec import decode, encode
@@ -962,3 +965,36 @@ def test_request_model_is_exported_for_fastapi() -> None:
     schema = JobRequest.model_json_schema()
     assert "target" in schema["required"]
     assert schema["additionalProperties"] is False
+
+
+# --- the context checks as pydantic validators -------------------------------------------------
+
+
+def test_job_spec_validates_a_body_in_a_build_context() -> None:
+    """JOB_SPEC.validate_python(body, context=BuildContext(...)) is build_spec in one pass,
+    from a body or from a request FastAPI parsed (then only the context's checks run)."""
+    context = BuildContext(now_ms=NOW, allow_private=False, tenant="acme", commands=COMMANDS)
+    assert spec_in(FULL, context) == build(FULL)
+    assert JOB_SPEC.validate_python(parse_request(FULL), context=context) == build(FULL)
+    with pytest.raises(InvalidField) as info:
+        spec_in(body(target={"url": "http://127.0.0.1/"}), context)
+    assert info.value.field == "target.url" and "private" in info.value.message
+    # a later context judges the same parsed request again
+    req = parse_request(body(schedule=None, run_at=iso(NOW + 60_000)))
+    spec_in(req, context)
+    with pytest.raises(InvalidField) as info:
+        spec_in(req, BuildContext(now_ms=NOW + DAY, allow_private=False))
+    assert info.value.field == "run_at"
+    assert spec_in(req, BuildContext(now_ms=NOW + DAY, allow_private=False, times=frozenset()))
+
+
+def test_a_context_check_keeps_its_problem_type_and_title() -> None:
+    err = invalid(body(target={"url": URL, "body": "x" * (256 * 1024 + 1)}))
+    assert (err.field, err.kind, err.title) == (
+        "target.body", "target-body-too-large", "Target body too large")
+    assert err.errors == [(err.field, err.message)]
+
+
+def test_job_spec_needs_a_build_context() -> None:
+    with pytest.raises(TypeError):
+        JOB_SPEC.validate_python(body())

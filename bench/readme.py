@@ -21,7 +21,7 @@ from bench.results import REPO, RESULTS_DIR
 
 START, END = "<!-- perf:start -->", "<!-- perf:end -->"
 README = REPO / "bench" / "README.md"
-ORDER = ("steady", "burst", "timers", "api", "failover")
+ORDER = ("steady", "burst", "timers", "api", "failover", "dag")
 COLUMNS = ("result", "options", "executions/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "lost",
            "dup", "peak RSS MB", "CPU s", "key figures", "floor", "floor met")
 Result = dict[str, Any]
@@ -160,6 +160,7 @@ def options(r: Result) -> str:
         "failover": [f"{num(r.get('rate'))}/s x {num(_window(r))} s",
                      f"kill at {num(r.get('kill_after_s'))} s"] + (
             [w] if r.get("workers", 2) != 2 else []),
+        "dag": [f"{num(r.get('runs'))} runs of 1 → {num(r.get('fanout'))} → 1", w],
     }.get(str(s), [])
     if r.get("find_max"):
         parts.append("find-max")
@@ -193,6 +194,11 @@ def key_figures(r: Result) -> str:
     if s == "api":
         p50, p99 = _lat(r, "p50", "latency_ms"), _lat(r, "p99", "latency_ms")
         return f"{num(r.get('requests_per_s'))} req/s; latency p50 {num(p50)} ms, p99 {num(p99)} ms"
+    if s == "dag":
+        return (f"release (parent answered → child called) p50 "
+                f"{num(_lat(r, 'p50', 'release_ms'))} ms, p99 {num(_lat(r, 'p99', 'release_ms'))}"
+                f" ms; {num(r.get('runs_per_s'))} runs/s; worker CPU "
+                f"{num(r.get('worker_cpu_us_per_call'))} µs a task call")
     if s == "failover":
         takeover = r.get("takeover_ms")
         return (f"takeover {num(None if takeover is None else takeover / 1000)} s; orphan max "

@@ -3,9 +3,13 @@
 Views (one rocksdict, prefixes keep them apart, values are JSON):
   j/<job_id>                         job status and definition
   t/<tenant>/<job_id>                the tenant's job index (cursor pagination by job_id)
-  r/<job_id>/<inverted ms>/<exec_id> run history, newest scheduled_for first
-  e/<exec_id>                        one execution with its attempts
-  c/<tenant>/<state>                 executions per state
+  r/<job_id>/<inverted ms>/<exec_id> run history, newest scheduled_for first: runs only (a
+                                     DAG run is one run; its task instances are not runs)
+  e/<exec_id>                        one execution with its attempts (runs and task instances)
+  k/<run_id>/<task_id>               a DAG run's task instances: exec id, state, first start
+  c/<tenant>/<state>                 runs per state (/v1/stats): plain runs and DAG runs
+  ct/<tenant>/<state>                task instances per state, apart, so a DAG run of many
+                                     tasks counts once among the runs
   a/<tenant>                         the tenant's active and paused jobs (for its quota)
   o/<topic>/<partition>              the next offset to read: the projector's own offsets
 
@@ -53,6 +57,15 @@ def run_key(job_id: str, scheduled_for_ms: int, exec_id: str) -> bytes:
     return _k("r", job_id, f"{INVERT - scheduled_for_ms:019d}", exec_id)
 
 
+def task_prefix(run_id: str) -> bytes:
+    """The keys of a DAG run's task instances (``k/<run_id>/<task_id>``)."""
+    return _k("k", run_id, "")
+
+
+def task_key(run_id: str, task_id: str) -> bytes:
+    return task_prefix(run_id) + task_id.encode()
+
+
 class Views:
     """Reads and writes the view store. Writers use a batch; readers use plain gets."""
 
@@ -83,6 +96,12 @@ class Views:
 
     def execution(self, exec_id: str) -> dict[str, Any] | None:
         return self.get(_k("e", exec_id))  # type: ignore[no-any-return]
+
+    def task_instances(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """A DAG run's task instances by task id: each one's index entry (exec_id, state,
+        started_at_ms). Tasks that never ran have none."""
+        prefix = task_prefix(run_id)
+        return {key[len(prefix):].decode(): entry for key, entry in self.prefix(prefix)}
 
     def job_state(self, job_id: str) -> dict[str, Any] | None:
         """The job's last JobState record, decoded from the Avro bytes the engine wrote."""
@@ -197,13 +216,14 @@ def apply_execution(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
                               and rec["attempts"] else None)
     view["lateness_ms"] = (view["started_at_ms"] - rec["scheduled_for_ms"]
                            if started else None)
+    if rec.get("run_id") is not None:
+        _apply_task_instance(batch, rec, view, old)
+        return
+    if rec.get("dag") is not None:
+        _dag_run_times(batch, rec, view, old)
     batch.put(_k("e", exec_id), view)
     batch.put(run_key(rec["job_id"], rec["scheduled_for_ms"], exec_id), {"state": rec["state"]})
-    old_state = old["state"] if old else None
-    if old_state != rec["state"]:
-        if old_state is not None:
-            _count(batch, tenant, old_state, -1)
-        _count(batch, tenant, rec["state"], +1)
+    _recount(batch, "c", tenant, old, rec["state"])
     job = batch.get(_k("j", rec["job_id"]))
     if job is not None and rec["trigger"] != Trigger.BACKFILL:
         last = job.get("last_run")
@@ -213,8 +233,71 @@ def apply_execution(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
             batch.put(_k("j", rec["job_id"]), job)
 
 
-def _count(batch: Batch, tenant: str, state: str, delta: int) -> None:
-    key = _k("c", tenant, state)
+def _dag_run_times(batch: Batch, rec: dict[str, Any], view: dict[str, Any],
+                   old: dict[str, Any] | None) -> None:
+    """A DAG run has no attempts of its own: it started when its first task attempt did
+    (kept up by its task instances' records, see _apply_task_instance), and finished when
+    it ended."""
+    if old is not None and old.get("dag") is not None:
+        first = old["started_at_ms"]
+    else:  # its first record (a run record normally comes before its task instances')
+        first = _first_start(batch, rec["exec_id"], {})
+    _set_start(view, first)
+    view["finished_at_ms"] = (rec["updated_at_ms"] if rec["state"] in ExecutionStatus.RAN
+                              else None)
+
+
+def _apply_task_instance(batch: Batch, rec: dict[str, Any], view: dict[str, Any],
+                         old: dict[str, Any] | None) -> None:
+    """A DAG task instance: its own view, an entry under its run, counted apart from runs.
+    Not in its job's run history, not its job's last run."""
+    run_id, exec_id = rec["run_id"], rec["exec_id"]
+    batch.put(_k("e", exec_id), view)
+    entry = {"exec_id": exec_id, "state": rec["state"], "started_at_ms": view["started_at_ms"]}
+    batch.put(task_key(run_id, rec["task_id"]), entry)
+    _recount(batch, "ct", rec["envelope"]["tenant"], old, rec["state"])
+    run = batch.get(_k("e", run_id))
+    if run is None or run.get("dag") is None:
+        return
+    now, was = view["started_at_ms"], (old or {}).get("started_at_ms")
+    first = run["started_at_ms"]
+    if now is not None and (first is None or now < first):
+        first = now
+    elif was is not None and was == first and now != was:
+        # This instance held the run's first start and its start moved (a report's own
+        # start time replaced the dispatch's): the first start is the earliest again.
+        first = _first_start(batch, run_id, {rec["task_id"]: entry})
+    if first != run["started_at_ms"]:
+        _set_start(run, first)
+        batch.put(_k("e", run_id), run)
+
+
+def _first_start(batch: Batch, run_id: str, changed: dict[str, dict[str, Any]]) -> int | None:
+    """The earliest first-attempt start of the run's task instances (`changed`: this
+    record's entries, not committed yet)."""
+    entries = {**batch.views.task_instances(run_id), **changed}
+    starts = [e["started_at_ms"] for e in entries.values() if e["started_at_ms"] is not None]
+    return min(starts) if starts else None
+
+
+def _set_start(view: dict[str, Any], started_at_ms: int | None) -> None:
+    view["started_at_ms"] = started_at_ms
+    view["lateness_ms"] = (None if started_at_ms is None
+                           else started_at_ms - view["scheduled_for_ms"])
+
+
+def _recount(batch: Batch, kind: str, tenant: str, old: dict[str, Any] | None,
+             state: str) -> None:
+    """Moves an execution between the per-state counts `kind` (c: runs, ct: task instances)."""
+    old_state = old["state"] if old else None
+    if old_state != state:
+        if old_state is not None:
+            _count(batch, kind, tenant, old_state, -1)
+        _count(batch, kind, tenant, state, +1)
+
+
+def _count(batch: Batch, kind: str, tenant: str, state: str, delta: int) -> None:
+    key = _k(kind, tenant, state)
     batch.put(key, (batch.get(key) or 0) + delta)
 
 

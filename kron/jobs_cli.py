@@ -145,8 +145,79 @@ def runs(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20,
     api: ApiUrl = DEFAULT_URL, key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
-    """A job's runs, newest scheduled slot first."""
+    """A job's runs, newest scheduled slot first; a DAG run's tasks below, in dependency
+    order."""
     params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
     data = _call("GET", f"/v1/jobs/{job_id}/runs", api, key, params=params)
-    _show(data, as_json, data["runs"], RUN_COLUMNS)
+    if as_json:
+        _show(data, as_json)
+        return
+    rows = [{**r, "tasks": task_summary(r["tasks"])} if r.get("tasks") else r
+            for r in data["runs"]]
+    dags = [r for r in data["runs"] if r.get("tasks") is not None]
+    _show(data, as_json, rows, (*RUN_COLUMNS, "tasks") if dags else RUN_COLUMNS)
+    for run in dags:
+        _show_tasks(_call("GET", f"/v1/runs/{run['run_id']}", api, key))
 
+
+@jobs_app.command("run-get")
+def run_get(run_id: str, api: ApiUrl = DEFAULT_URL, key: ApiKey = None,
+            as_json: AsJson = False) -> None:
+    """Show one run: its attempts, or a DAG run's tasks in dependency order."""
+    data = _call("GET", f"/v1/runs/{run_id}", api, key)
+    if as_json or data.get("tasks") is None:
+        _show(data, as_json)
+        return
+    _show(data, as_json, [data], RUN_COLUMNS)
+    _show_tasks(data)
+
+
+@jobs_app.command("run-cancel")
+def run_cancel(
+    run_id: str,
+    reason: Annotated[str | None, typer.Option(help="Why (the run's reason).")] = None,
+    api: ApiUrl = DEFAULT_URL, key: ApiKey = None, as_json: AsJson = False,
+) -> None:
+    """Cancel a running DAG run: running tasks are cancelled, unstarted ones skipped."""
+    body = {"json": {"reason": reason}} if reason else {}
+    data = _call("POST", f"/v1/runs/{run_id}:cancel", api, key, **body)
+    _show(data, as_json, [data], RUN_COMMAND_COLUMNS)
+
+
+@jobs_app.command("run-retry")
+def run_retry(run_id: str, api: ApiUrl = DEFAULT_URL, key: ApiKey = None,
+              as_json: AsJson = False) -> None:
+    """Retry a failed or cancelled DAG run: what did not succeed runs again."""
+    data = _call("POST", f"/v1/runs/{run_id}:retry", api, key)
+    _show(data, as_json, [data], RUN_COMMAND_COLUMNS)
+
+
+RUN_COMMAND_COLUMNS = ("command_id", "action", "run_id", "state", "applied")
+TASK_COLUMNS = ("task", "state", "attempts", "last status", "reason")
+
+
+def task_summary(counts: dict[str, int]) -> str:
+    """A DAG run's task counts, the states it has: "3 succeeded, 1 running"."""
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+
+
+def task_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A DAG run's tasks as TASK_COLUMNS rows, in the API's (dependency) order."""
+    rows = []
+    for task in run["tasks"]:
+        attempts = task["attempts"]
+        last = attempts[-1] if attempts else None
+        status = None
+        if last is not None:
+            status = last["status_code"] if last["status_code"] is not None else last["outcome"]
+        rows.append({"task": task["task_id"], "state": task["state"],
+                     "attempts": len(attempts), "last status": status,
+                     "reason": task["reason"] or (last or {}).get("error")})
+    return rows
+
+
+def _show_tasks(run: dict[str, Any]) -> None:
+    table = Table(*TASK_COLUMNS, title=f"run {run['run_id']} ({run['state']})")
+    for row in task_rows(run):
+        table.add_row(*["" if row[c] is None else str(row[c]) for c in TASK_COLUMNS])
+    Console().print(table)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api.routes import actions, health, jobs, runs, stats
+from api.routes import actions, health, jobs, run_actions, runs, stats
 from api.routes.service import Service, new_id
 
 __all__ = ["Service", "include_routes", "new_id"]
@@ -15,6 +15,6 @@ __all__ = ["Service", "include_routes", "new_id"]
 def include_routes(app: FastAPI) -> None:
     """Every route, each router included once (a router in a router costs every request a
     second round of matching). They find the Service in app.state.service."""
-    for part in (jobs, actions, runs, stats):
+    for part in (jobs, actions, runs, run_actions, stats):
         app.include_router(part.router, prefix="/v1")
     app.include_router(health.router)

@@ -22,23 +22,51 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Run(_Out):
-    """One run (an execution) of a job: a slot of its schedule, a manual trigger or a
-    backfilled slot, with its latest attempt."""
+TaskState = Literal["pending", "running", "succeeded", "failed", "skipped", "upstream_failed",
+                    "cancelled"]
+TriggerRule = Literal["all_success", "all_failed", "all_done", "one_success", "one_failed",
+                      "none_failed", "always"]
 
-    run_id: str
+
+class _RunFields(_Out):
+    run_id: str = Field(description=(
+        "the run's id (its execution id), what /v1/runs/{run_id} takes; for a DAG task "
+        "instance, the id of the DAG run it belongs to (`exec_id` is the instance's own)"))
     job_id: str
     state: RunState
     trigger: Literal["schedule", "manual", "backfill", "misfire"]
     scheduled_for: datetime
-    attempt: int = Field(description="the latest attempt's number, from 1")
+    attempt: int = Field(description="the latest attempt's number, from 1 (0 for a DAG run)")
     worker: str | None
-    started_at: datetime | None
+    started_at: datetime | None = Field(
+        description="the first attempt's start (a DAG run: its first task attempt's)")
     finished_at: datetime | None
-    lateness_ms: int | None = Field(description="first attempt's start minus scheduled_for")
+    lateness_ms: int | None = Field(description=(
+        "first attempt's start minus scheduled_for (a DAG run: its first task attempt's)"))
     error: str | None
     reason: str | None
     dst_outcome: str | None
+
+
+class TaskCounts(_Out):
+    """A DAG run's tasks by state (every state, 0 included)."""
+
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    skipped: int
+    upstream_failed: int
+    cancelled: int
+
+
+class Run(_RunFields):
+    """One run (an execution) of a job: a slot of its schedule, a manual trigger or a
+    backfilled slot, with its latest attempt. A DAG job's run is one run however many tasks
+    it has: its tasks' instances are not runs of the job."""
+
+    tasks: TaskCounts | None = Field(default=None,
+                                     description="a DAG run only: its tasks by state")
 
 
 class Attempt(_Out):
@@ -54,11 +82,55 @@ class Attempt(_Out):
     finished_at: datetime | None
 
 
-class RunDetail(Run):
-    """A run with every attempt."""
+class TaskAttempt(_Out):
+    """One attempt of a DAG task (its task instance's)."""
 
-    attempts: list[Attempt]
+    attempt: int
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None = Field(description="succeeded, or the failure's class")
+    status_code: int | None
+    error: str | None
+
+
+class Task(_Out):
+    """A task of a DAG run: its state in the run, its place in the DAG and its attempts."""
+
+    task_id: str
+    state: TaskState
+    depends_on: list[str] = Field(description="from the job's DAG ([] if it lacks the task)")
+    trigger_rule: TriggerRule | None = Field(
+        description="from the job's DAG (null if it no longer has the task)")
+    reason: str | None = Field(description="why it was skipped, upstream_failed or cancelled")
+    attempts: list[TaskAttempt] = Field(description="[] for a task that never ran")
+
+
+class RunDetail(_RunFields):
+    """A run with every attempt; a DAG run with its tasks; or a DAG task instance (an
+    execution of one task of a DAG run) with `exec_id`, `run_id` and `task_id`."""
+
+    attempts: list[Attempt] = Field(description="[] for a DAG run (its tasks have them)")
     status_code: int | None = Field(description="the last attempt's HTTP status, if any")
+    tasks: list[Task] | None = Field(default=None, description=(
+        "a DAG run only: its tasks in dependency order (each after the tasks it depends "
+        "on; the DAG's own order where that leaves a choice)"))
+    exec_id: str | None = Field(default=None,
+                                description="a task instance only: its own execution id")
+    task_id: str | None = Field(default=None,
+                                description="a task instance only: its task's id in the DAG")
+
+
+class RunCommandAccepted(_Out):
+    """A :cancel or :retry the worker will apply (Kafka has it)."""
+
+    command_id: str
+    action: Literal["cancel", "retry"]
+    run_id: str
+    job_id: str
+    applied: bool = Field(description=(
+        "the run shows the command applied already (the answer waits a few seconds for "
+        "that); false: it comes later, or the worker refused it (the run changed meanwhile)"))
+    state: RunState = Field(description="the run's state as the views show it now")
 
 
 class RunList(_Out):

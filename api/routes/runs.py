@@ -1,17 +1,28 @@
-"""/v1/jobs/{job_id}/runs (also at /executions) and /v1/runs/{run_id}: a job's runs."""
+"""/v1/jobs/{job_id}/runs (also at /executions) and /v1/runs/{run_id}: a job's runs.
+
+A DAG job's run is one run (its slot's execution) whose tasks are listed with it: counted by
+state in lists, in full (with each task's place in the DAG and its attempts) in
+/v1/runs/{run_id}. A task instance's own id also answers there, as the execution it is."""
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter
 
 from api.problems import Problem
+from api.projection import Views
 from api.routes import responses
 from api.routes.base import ERRORS, Json, KronRoute, ThisCall
 from api.routes.render import STATES, run_detail, run_out
+from kron.timefmt import iso
 
 router = APIRouter(route_class=KronRoute, tags=["runs"])
+
+TASK_STATES = ("pending", "running", "succeeded", "failed", "skipped", "upstream_failed",
+               "cancelled")
 
 
 async def list_runs(job_id: str, call: ThisCall, status: str | None = None, limit: int = 50,
@@ -34,7 +45,7 @@ async def list_runs(job_id: str, call: ThisCall, status: str | None = None, limi
             break
         ex = views.execution(key.rsplit(b"/", 1)[-1].decode())
         if ex is not None:
-            items.append(run_out(ex))
+            items.append(run_item(ex))
             next_cursor = key[len(prefix):].decode()
     else:
         next_cursor = None
@@ -48,7 +59,104 @@ for _path in ("/jobs/{job_id}/runs", "/jobs/{job_id}/executions"):
 
 @router.get("/runs/{run_id}", response_model=responses.RunDetail, responses=ERRORS)
 async def get_run(run_id: str, call: ThisCall) -> Json:
-    ex = call.svc.views.execution(run_id)
-    if ex is None or ex["tenant"] != call.tenant:
+    """A run with its attempts; a DAG run with its tasks; a DAG task instance."""
+    views = call.svc.views
+    return Json(run_view(views, own_run(views, call.tenant, run_id)))
+
+
+def own_run(views: Views, tenant: str, run_id: str) -> dict[str, Any]:
+    """The tenant's execution `run_id` (a run or a task instance); 404 for any other."""
+    ex = views.execution(run_id)
+    if ex is None or ex["tenant"] != tenant:
         raise Problem(404, "run-not-found", f"no run {run_id!r}", field="run_id")
-    return Json(run_detail(ex))
+    return ex
+
+
+def run_item(ex: dict[str, Any]) -> dict[str, Any]:
+    """A run in lists (`responses.Run`): a DAG run with its tasks counted by state."""
+    out = run_out(ex)
+    if ex.get("dag") is not None:
+        counts = dict.fromkeys(TASK_STATES, 0)
+        for task in ex["dag"]["tasks"]:
+            counts[task["state"]] += 1
+        out["tasks"] = counts
+    return out
+
+
+def run_view(views: Views, ex: dict[str, Any]) -> dict[str, Any]:
+    """One execution as /v1/runs/{run_id} shows it (`responses.RunDetail`)."""
+    out = run_detail(ex)
+    if ex.get("run_id") is not None:  # a task instance
+        out.update(exec_id=ex["exec_id"], run_id=ex["run_id"], task_id=ex["task_id"])
+    elif ex.get("dag") is not None:
+        out["tasks"] = dag_tasks(views, ex)
+    return out
+
+
+def dag_tasks(views: Views, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A DAG run's tasks (`responses.Task`) in dependency order: the state, reason and order
+    from the run's progress, depends_on and trigger_rule from the job's DAG, attempts from
+    each task's instance (read under the run: views.task_instances)."""
+    progress: list[dict[str, Any]] = run["dag"]["tasks"]
+    spec = _spec_tasks(views, run["job_id"])
+    instances = views.task_instances(run["exec_id"])
+    out = []
+    for entry in dependency_order(progress, spec):
+        task_id = entry["task_id"]
+        declared = spec.get(task_id, {})
+        found = instances.get(task_id)
+        instance = views.execution(found["exec_id"]) if found is not None else None
+        out.append({
+            "task_id": task_id, "state": entry["state"],
+            "depends_on": list(declared.get("depends_on", ())),
+            "trigger_rule": declared.get("trigger_rule"),
+            "reason": entry["reason"] or (instance or {}).get("reason"),
+            "attempts": [task_attempt(a) for a in (instance or {}).get("attempts", ())],
+        })
+    return out
+
+
+def task_attempt(a: Mapping[str, Any]) -> dict[str, Any]:
+    """`responses.TaskAttempt`."""
+    return {"attempt": a["attempt"], "started_at": iso(a["started_at_ms"]),
+            "finished_at": iso(a["finished_at_ms"]) if a["finished_at_ms"] else None,
+            "outcome": a["outcome"], "status_code": a["status_code"], "error": a["error"]}
+
+
+def _spec_tasks(views: Views, job_id: str) -> dict[str, dict[str, Any]]:
+    """The job's DAG tasks by id, as its state holds them ({} if it has no DAG now)."""
+    state = views.job_state(job_id)
+    target = state["spec"]["target"] if state is not None else None
+    if isinstance(target, tuple):  # a union branch, as the codec reads it
+        target = target[1]
+    if not isinstance(target, dict) or not isinstance(target.get("tasks"), list):
+        return {}
+    return {t["id"]: t for t in target["tasks"]}
+
+
+def dependency_order(progress: Sequence[dict[str, Any]],
+                     spec: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The run's progress entries, each after those it depends on; among tasks ready
+    together, the DAG's own order (Kahn's algorithm, lowest position first: the DAG's
+    order itself when that is already one). Dependencies the run lacks are ignored."""
+    position = {e["task_id"]: i for i, e in enumerate(progress)}
+    waiting = [0] * len(progress)
+    children: list[list[int]] = [[] for _ in progress]
+    for i, entry in enumerate(progress):
+        for parent in spec.get(entry["task_id"], {}).get("depends_on", ()):
+            if parent in position:
+                waiting[i] += 1
+                children[position[parent]].append(i)
+    ready = [i for i, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for child in children[i]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, child)
+    placed = set(order)
+    order += [i for i in range(len(progress)) if i not in placed]  # a cycle: as they are
+    return [progress[i] for i in order]

@@ -24,6 +24,8 @@ from kron.settings import Settings
 from schemas.envelope import make_envelope
 
 READ_YOUR_WRITES_S = 5.0
+# A command's envelope event type: job.<verb>_requested, but a run's commands are run.*.
+EVENT_TYPES = {"CancelRun": "run.cancel_requested", "RetryRun": "run.retry_requested"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,8 @@ class Service:
         record = {
             "envelope": make_envelope(
                 event_id=command_id,
-                event_type=f"job.{kind.removesuffix('Job').lower()}_requested",
+                event_type=EVENT_TYPES.get(kind)
+                or f"job.{kind.removesuffix('Job').lower()}_requested",
                 occurred_at_ms=self.clock.now_ms(), tenant=tenant, producer="api"),
             "command_id": command_id, "job_id": job_id, **fields,
         }
@@ -131,6 +134,20 @@ class Service:
 
         await self.projector.wait_async(seen, READ_YOUR_WRITES_S)
         return self.views.job(job_id)
+
+    async def run_applied(self, run: dict[str, Any], command_id: str) -> bool:
+        """Read-your-writes for a command on a run (`run`: its view when it was sent): wait
+        until its job shows the command applied and the run has changed; whether the job
+        shows it applied (a worker that refused it never does)."""
+        def applied() -> bool:
+            job = self.views.job(run["job_id"])
+            return job is not None and command_id in job["applied_command_ids"]
+
+        def seen() -> bool:
+            return applied() and self.views.execution(run["exec_id"]) != run
+
+        await self.projector.wait_async(seen, READ_YOUR_WRITES_S)
+        return applied()
 
 
 def not_acknowledged(exc: BrokerUnavailable) -> Problem:

@@ -13,7 +13,7 @@ MAX_ATTEMPTS_WITH_RERUNS attempts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from streams.domain.policies import MAX_ATTEMPTS_LIMIT
@@ -55,7 +55,7 @@ def slots(plan: JobPlan, from_ms: int, to_ms: int) -> Iterator[Slot]:
         slot = next_slot(plan, slot.scheduled_for_ms, to_ms)
 
 
-def may_rerun(execution: Any) -> bool:
+def may_rerun(execution: Mapping[str, Any]) -> bool:
     """Whether a backfill with `rerun` runs this execution (an ExecutionState record, or the
     API's view of one) again."""
     return bool(execution["state"] in RERUNNABLE

@@ -24,6 +24,7 @@ from typing import Any
 from schemas import names
 from streams.domain.errors import PermanentError
 from streams.engine.core import Context, Effect, PartitionCore
+from streams.engine.records import JobToCreate
 
 # The most jobs group_by_partition puts in one record. The record must also fit the
 # broker's message.max.bytes (1 MiB by default), which a producer of large specs meets with
@@ -107,7 +108,7 @@ def item_command(batch: Mapping[str, Any], index: int) -> Record:
     derived from the batch's, so a batch read again (its offset was not committed) finds
     each job it created already applied, as a repeated CreateJob would, and a refused job's
     dead letter is a CreateJob of its own that can be sent again."""
-    item = batch["jobs"][index]
+    item: JobToCreate = batch["jobs"][index]
     envelope = batch["envelope"]
     return {"envelope": {**envelope, "event_id": item_command_id(envelope["event_id"], index),
                          "event_type": "job.create_requested"},
@@ -169,9 +170,10 @@ def apply_batch(core: PartitionCore, batch: Mapping[str, Any], *, partitions: in
     (a batch read again, a repeated id) takes the CreateJob path, which judges it."""
     effects: list[Effect] = []
     refused: list[Refused] = []
-    jobs = batch["jobs"]
-    tenant = batch["envelope"]["tenant"]
-    command_id = batch["command_id"]
+    # A kron.commands.CreateJobs record (records.CreateJobsCommand).
+    jobs: list[JobToCreate] = batch["jobs"]
+    tenant: str = batch["envelope"]["tenant"]
+    command_id: str = batch["command_id"]
     ctx = context()
     for index in range(start, len(jobs) if stop is None else min(stop, len(jobs))):
         item = jobs[index]

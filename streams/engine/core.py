@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, NotRequired, TypedDict
+from typing import Any, Final, NotRequired, TypedDict, cast
 
 import orjson
 
@@ -30,6 +30,27 @@ from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Tr
 from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
 from streams.domain.timer import encode_timer_key as timer_key
 from streams.engine import backfill
+from streams.engine.records import (
+    AttemptsFinishedReport,
+    BackfillCommand,
+    CancelRunCommand,
+    CreateJobCommand,
+    DeleteJobCommand,
+    EnvelopeRecord,
+    ExecutionHeartbeatReport,
+    ExecutionRecord,
+    ExecutionReport,
+    FailedReport,
+    JobCommand,
+    JobRecord,
+    JobSpec,
+    PauseJobCommand,
+    ResumeJobCommand,
+    RetryRunCommand,
+    SucceededReport,
+    TriggerJobCommand,
+    UpdateJobCommand,
+)
 from streams.engine.runs import DagRuns, is_run, is_task, retry_of, task_target
 from streams.engine.spec import JobPlan, branch, plan_of
 from streams.engine.store import TERMINAL, PartitionStore, Record
@@ -228,14 +249,14 @@ class PlanCache:
         self._plans: OrderedDict[tuple[str, int, int], JobPlan] = OrderedDict()
         self._capacity = capacity
 
-    def plan(self, job: Record) -> JobPlan:
+    def plan(self, job: JobRecord) -> JobPlan:
         plan = self._plans.get(_plan_key(job))
         if plan is None:
             plan = plan_of(job["spec"])
             self.put(job, plan)
         return plan
 
-    def put(self, job: Record, plan: JobPlan) -> None:
+    def put(self, job: JobRecord, plan: JobPlan) -> None:
         """The plan of the job's spec at its current version, validated by the caller."""
         self._plans[_plan_key(job)] = plan
         if len(self._plans) > self._capacity:
@@ -245,7 +266,7 @@ class PlanCache:
         return len(self._plans)
 
 
-def _plan_key(job: Record) -> tuple[str, int, int]:
+def _plan_key(job: JobRecord) -> tuple[str, int, int]:
     return job["job_id"], job["version"], job["created_at_ms"]
 
 
@@ -269,12 +290,12 @@ class PartitionCore:
         self.stale_rejected = 0
         self._runs = DagRuns(self)
 
-    def _plan(self, job: Record) -> JobPlan:
+    def _plan(self, job: JobRecord) -> JobPlan:
         return self._plans.plan(job)
 
     # --- saving ------------------------------------------------------------------------------
 
-    def _save_job(self, ctx: Context, job: Record, event_type: str, *,
+    def _save_job(self, ctx: Context, job: JobRecord, event_type: str, *,
                   cache: bool = True) -> None:
         job["updated_at_ms"] = ctx.now_ms
         job["owner_epoch"] = ctx.epoch
@@ -284,7 +305,7 @@ class PartitionCore:
             causation_id=ctx.causation_id, correlation_id=job["job_id"], producer=ctx.worker)
         self.store.put_job(job, cache=cache)
 
-    def _save_exec(self, ctx: Context, ex: Record, event_type: str) -> None:
+    def _save_exec(self, ctx: Context, ex: ExecutionRecord, event_type: str) -> None:
         ex["updated_at_ms"] = ctx.now_ms
         ex["owner_epoch"] = ctx.epoch
         ex["envelope"] = make_envelope(
@@ -296,15 +317,16 @@ class PartitionCore:
 
     # --- commands ----------------------------------------------------------------------------
 
-    def on_command(self, name: str, cmd: Record, ctx: Context) -> list[Effect]:
-        """Apply one command. Raises PermanentError for a command that can never apply."""
-        self._on_command(name, cmd, ctx)
+    def on_command(self, name: str, cmd: Mapping[str, Any], ctx: Context) -> list[Effect]:
+        """Apply one command (a record of the kron.commands schema `name` names). Raises
+        PermanentError for a command that can never apply."""
+        self._on_command(name, cast(JobCommand, cmd), ctx)
         self._flush_leases(ctx)
         for key in ctx.settled:
             self.store.delete_timer(key)
         return ctx.effects
 
-    def _on_command(self, name: str, cmd: Record, ctx: Context) -> list[Effect]:
+    def _on_command(self, name: str, cmd: JobCommand, ctx: Context) -> list[Effect]:
         kind = name.rsplit(".", 1)[-1]
         job = self.store.job(cmd["job_id"])
         if job is not None:
@@ -324,13 +346,14 @@ class PartitionCore:
                     self._save_job(ctx, job, "job.slot_fired")
                 return ctx.effects
         if kind == "CreateJob":
-            self._create(cmd, job, ctx)
+            self._create(cast(CreateJobCommand, cmd), job, ctx)
             return ctx.effects
         if job is None or job["status"] == JOB_DELETED:
             raise PermanentError(f"no job {cmd['job_id']!r}", field="job_id")
         # Before the command changes the spec or prunes `running`; saved with its job write.
         self._restart_lost_start(job, ctx)
-        handler = {
+        # Each takes the command of its kind (`Any` here: the name, not the type, says which).
+        handlers: dict[str, Callable[[Any, JobRecord, Context], None]] = {
             "UpdateJob": self._update,
             "PauseJob": self._pause,
             "ResumeJob": self._resume,
@@ -339,7 +362,8 @@ class PartitionCore:
             "BackfillJob": self._backfill,
             "CancelRun": self._cancel_run,
             "RetryRun": self._retry_run,
-        }.get(kind)
+        }
+        handler = handlers.get(kind)
         if handler is None:
             raise PermanentError(f"unknown command {name}", field=None)
         handler(cmd, job, ctx)
@@ -348,12 +372,12 @@ class PartitionCore:
         return ctx.effects
 
     @staticmethod
-    def _remember(job: Record, command_id: str) -> None:
+    def _remember(job: JobRecord, command_id: str) -> None:
         ids = job["applied_command_ids"]
         ids.append(command_id)
         del ids[:-MAX_RECENT_COMMANDS]
 
-    def _create(self, cmd: Record, existing: Record | None, ctx: Context) -> None:
+    def _create(self, cmd: CreateJobCommand, existing: JobRecord | None, ctx: Context) -> None:
         if existing is not None:
             same_key = cmd.get("idempotency_key") and (
                 existing.get("idempotency_key") == cmd.get("idempotency_key"))
@@ -365,7 +389,7 @@ class PartitionCore:
                         command_id=cmd["command_id"], spec=cmd["spec"],
                         idempotency_key=cmd.get("idempotency_key"), ctx=ctx)
 
-    def create_new(self, *, job_id: str, tenant: str, command_id: str, spec: Record,
+    def create_new(self, *, job_id: str, tenant: str, command_id: str, spec: JobSpec,
                    idempotency_key: str | None, ctx: Context) -> None:
         """What a CreateJob does for a job id the store does not hold (the caller looked):
         writes the job and arms it. No effects, no leases. A CreateJobs batch calls this
@@ -374,9 +398,9 @@ class PartitionCore:
         whose seq is 0 gives the event ids a lone create's own context gives."""
         plan = plan_of(spec)
         self._check_targets(tenant, spec["target"], plan)
-        job: Record = {
+        job: JobRecord = {
             # Replaced by _save_job's envelope; only the tenant is read from it.
-            "envelope": {"tenant": tenant},
+            "envelope": cast(EnvelopeRecord, {"tenant": tenant}),
             "job_id": job_id,
             "version": 1,
             "status": JOB_ACTIVE,
@@ -404,7 +428,7 @@ class PartitionCore:
             # plan under a key that a later create of that id, in the same ms, would read.
             self._plans.put(job, plan)
 
-    def _update(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _update(self, cmd: UpdateJobCommand, job: JobRecord, ctx: Context) -> None:
         expected = cmd.get("expected_version")
         if expected is not None and expected != job["version"]:
             raise PermanentError(f"job is at version {job['version']}, not {expected}",
@@ -438,24 +462,25 @@ class PartitionCore:
                 raise PermanentError(exc.message, field=f"dag.tasks[{task.index}].{exc.field}"
                                      if exc.field else f"dag.tasks[{task.index}].target") from None
 
-    def _cancel_run(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _cancel_run(self, cmd: CancelRunCommand, job: JobRecord, ctx: Context) -> None:
         run = self._run_of(cmd, job)
         if run["state"] != RUNNING:
             raise PermanentError(f"run {run['exec_id']!r} is {run['state']}, not running",
                                  field="run_id")
         self._runs.cancel(job, run, ctx, reason=cmd.get("reason") or "run cancelled")
 
-    def _retry_run(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _retry_run(self, cmd: RetryRunCommand, job: JobRecord, ctx: Context) -> None:
         self._runs.retry(job, self._run_of(cmd, job), ctx)
 
-    def _run_of(self, cmd: Record, job: Record) -> Record:
+    def _run_of(self, cmd: CancelRunCommand | RetryRunCommand,
+                job: JobRecord) -> ExecutionRecord:
         run = self.store.execution(cmd["run_id"])
         if run is None or run["job_id"] != job["job_id"] or not is_run(run):
             raise PermanentError(f"no DAG run {cmd['run_id']!r} of job {job['job_id']!r}",
                                  field="run_id")
         return run
 
-    def _pause(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _pause(self, cmd: PauseJobCommand, job: JobRecord, ctx: Context) -> None:
         # The fire timer stays armed: each slot that falls due while paused is recorded as
         # skipped("paused") when its time comes, so no slot goes silently missing.
         early = [e for e in job["running"] if self._decided_early(e, ctx)]
@@ -475,11 +500,11 @@ class PartitionCore:
                 and ex["trigger"] == BY_SCHEDULE
                 and ex["created_at_ms"] < ex["due_at_ms"] and ex["due_at_ms"] > ctx.now_ms)
 
-    def _resume(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _resume(self, cmd: ResumeJobCommand, job: JobRecord, ctx: Context) -> None:
         if job["status"] == JOB_PAUSED:
             job["status"] = JOB_ACTIVE if job["next_run_at_ms"] is not None else JOB_COMPLETED
 
-    def _settle_overdue(self, job: Record, ctx: Context) -> None:
+    def _settle_overdue(self, job: JobRecord, ctx: Context) -> None:
         """Slots already due are settled first, as the tick that should have come before this
         command would have: disarming must not make them vanish."""
         old = self._plan(job)
@@ -491,7 +516,7 @@ class PartitionCore:
             ctx.settled.append(self._fire_key(job, slot.scheduled_for_ms, old))
             self._fire_scheduled(job, slot, ctx)
 
-    def _delete(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _delete(self, cmd: DeleteJobCommand, job: JobRecord, ctx: Context) -> None:
         self._settle_overdue(job, ctx)
         self._disarm(job)
         job["status"] = JOB_DELETED
@@ -503,13 +528,13 @@ class PartitionCore:
         for ex_id in list(job["running"]):
             self._cancel(ex_id, job, ctx, reason="job deleted")
 
-    def _trigger(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _trigger(self, cmd: TriggerJobCommand, job: JobRecord, ctx: Context) -> None:
         ex_id = manual_exec_id(job["job_id"], cmd["command_id"])
         self._start_execution(job, self._plan(job), ctx, ex_id=ex_id,
                               slot=Slot(scheduled_for_ms=ctx.now_ms, dst_outcome=None),
                               trigger=BY_MANUAL)
 
-    def _backfill(self, cmd: Record, job: Record, ctx: Context) -> None:
+    def _backfill(self, cmd: BackfillCommand, job: JobRecord, ctx: Context) -> None:
         """Every slot of the job's schedule in [from, to], paced (streams.engine.backfill
         has the rules). The first page is armed now, the rest page by page."""
         if cmd["to_ms"] < cmd["from_ms"] or cmd["to_ms"] > ctx.now_ms:
@@ -519,7 +544,7 @@ class PartitionCore:
         self._backfill_page(job, first, to_ms=cmd["to_ms"], rate=rate,
                             rerun=bool(cmd.get("rerun", False)), ref=cmd["command_id"], ctx=ctx)
 
-    def _backfill_page(self, job: Record, slot: Slot | None, *, to_ms: int, rate: float,
+    def _backfill_page(self, job: JobRecord, slot: Slot | None, *, to_ms: int, rate: float,
                        rerun: bool, ref: str, ctx: Context) -> None:
         """Arm one page of a backfill: a paced FIRE timer for each of BACKFILL_PAGE slots at
         most, from `slot` on, 1/rate apart from now. If the range goes on, a page timer
@@ -554,7 +579,7 @@ class PartitionCore:
 
     # --- timers ------------------------------------------------------------------------------
 
-    def _fire_key(self, job: Record, scheduled_for_ms: int, plan: JobPlan) -> bytes:
+    def _fire_key(self, job: JobRecord, scheduled_for_ms: int, plan: JobPlan) -> bytes:
         due = apply_jitter(scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
         return timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"], ref="")
 
@@ -564,7 +589,7 @@ class PartitionCore:
         return bounded_next_slot(plan.schedule, after_ms=at_ms - 1, dst=plan.dst,
                                  start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
 
-    def _arm(self, job: Record, plan: JobPlan, slot: Slot | None) -> None:
+    def _arm(self, job: JobRecord, plan: JobPlan, slot: Slot | None) -> None:
         """Exactly one future occurrence per active job sits in the timer table."""
         if slot is None:
             job["next_run_at_ms"] = None
@@ -579,13 +604,13 @@ class PartitionCore:
         value = orjson.dumps(timer)
         self.store.put_timer(self._fire_key(job, slot.scheduled_for_ms, plan), value)
 
-    def _disarm(self, job: Record) -> None:
+    def _disarm(self, job: JobRecord) -> None:
         if job["next_run_at_ms"] is not None:
             plan = self._plan(job)
             self.store.delete_timer(self._fire_key(job, job["next_run_at_ms"], plan))
             job["next_run_at_ms"] = None
 
-    def _put_paced(self, job: Record, slot: Slot, due_ms: int, trigger: Trigger, *,
+    def _put_paced(self, job: JobRecord, slot: Slot, due_ms: int, trigger: Trigger, *,
                    rerun_of: int | None = None) -> None:
         key = timer_key(due_ms=due_ms, kind=TimerKind.FIRE, job_id=job["job_id"],
                         ref=f"{trigger}:{slot.scheduled_for_ms}")
@@ -681,7 +706,7 @@ class PartitionCore:
         if tk.kind == TimerKind.RETRY and ex["state"] == RETRY_PENDING:
             self._next_attempt(job, ex, ctx)
 
-    def _mend_torn_fire(self, job: Record, slot: Slot, version: int, ctx: Context) -> None:
+    def _mend_torn_fire(self, job: JobRecord, slot: Slot, version: int, ctx: Context) -> None:
         """A FIRE timer that does not name the job's next slot. One event writes the jobs,
         executions and timers partitions without a transaction, so an owner that dies in
         the middle leaves each with some prefix of the event's writes (the fault suite saw a
@@ -739,7 +764,7 @@ class PartitionCore:
         else:
             self._redecide_lost(job, slot, ctx)
 
-    def _redecide_lost(self, job: Record, slot: Slot, ctx: Context) -> None:
+    def _redecide_lost(self, job: JobRecord, slot: Slot, ctx: Context) -> None:
         """Slots from `slot` up to the job's next one that the job counts as decided but that
         have no execution: decided again, without moving the job's next slot."""
         plan = self._plan(job)
@@ -758,7 +783,7 @@ class PartitionCore:
         if decided:
             self._save_job(ctx, job, "job.slot_fired")
 
-    def _decide_again(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context) -> None:
+    def _decide_again(self, job: JobRecord, plan: JobPlan, slot: Slot, ctx: Context) -> None:
         """A slot whose decision was lost, judged as _fire_scheduled judges one, except that
         the job's next slot stays where it is."""
         if job["status"] == JOB_PAUSED:
@@ -770,7 +795,7 @@ class PartitionCore:
         else:
             self._on_slot(job, plan, slot, ctx, trigger=BY_SCHEDULE)
 
-    def _catch_up(self, job: Record, slot: Slot, ctx: Context) -> None:
+    def _catch_up(self, job: JobRecord, slot: Slot, ctx: Context) -> None:
         """Decide the slots a lost job write left undecided, then `slot` (see _mend_torn_fire)."""
         plan = self._plan(job)
         for _ in range(MAX_LATE_SLOTS):
@@ -787,7 +812,7 @@ class PartitionCore:
         else:
             self._rearm_job(job, ctx)
 
-    def _rearm_job(self, job: Record, ctx: Context) -> None:
+    def _rearm_job(self, job: JobRecord, ctx: Context) -> None:
         """The job write landed and the timer writes of one or more events did not: put its
         own FIRE timer again, and the lease or retry timer of every execution it started
         (a started execution without its lease timer would wait in `running` forever)."""
@@ -799,7 +824,7 @@ class PartitionCore:
             if ex is not None:
                 self._rearm(ex, ctx)
 
-    def _restart_lost_start(self, job: Record, ctx: Context) -> bool:
+    def _restart_lost_start(self, job: JobRecord, ctx: Context) -> bool:
         """The execution of the job's cursor slot, listed as running but never recorded: the
         event that started it (an update settling an overdue slot, say) kept its job write
         and lost its executions write. The decision to run it is in the job record, the spec
@@ -819,7 +844,7 @@ class PartitionCore:
                               trigger=BY_SCHEDULE)
         return True
 
-    def _rearm_next(self, job: Record) -> None:
+    def _rearm_next(self, job: JobRecord) -> None:
         """Put the job's own FIRE timer again (the same key: a no-op if it is there)."""
         nxt = job["next_run_at_ms"]
         if nxt is None or job["status"] not in LIVE_JOB:
@@ -831,13 +856,14 @@ class PartitionCore:
 
     # --- leases ------------------------------------------------------------------------------
 
-    def _lease(self, ex: Record, ctx: Context) -> None:
+    def _lease(self, ex: ExecutionRecord, until_ms: int, ctx: Context) -> None:
+        """Watch the attempt by a lease timer due at until_ms (its lease_until_ms)."""
         entry: list[Any] = [ex["exec_id"], ex["attempt"]]
         if ex["attempt"] == 1 and ex["trigger"] in SCHEDULE_TRIGGERS and not is_task(ex):
             # The slot too: if the execution's own write is lost and this timer survives, the
             # timer is what is left to decide the slot again by (_mend_lost_start).
             entry += [ex["job_id"], ex["scheduled_for_ms"]]
-        ctx.leases.setdefault(ex["lease_until_ms"], []).append(entry)
+        ctx.leases.setdefault(until_ms, []).append(entry)
 
     def _flush_leases(self, ctx: Context) -> list[Effect]:
         """One timer for all the attempts an event leased until the same time, instead of a
@@ -861,7 +887,7 @@ class PartitionCore:
         digest = hashlib.blake2b(value, digest_size=8).hexdigest()
         self.store.put_timer(timer_key(due_ms=due_ms, kind=kind, job_id="", ref=digest), value)
 
-    def _rearm(self, ex: Record, ctx: Context) -> None:
+    def _rearm(self, ex: ExecutionRecord, ctx: Context) -> None:
         """Make sure a live attempt is watched by its timer. A crash between an event's
         writes can make the execution durable without its lease or retry timer; the event
         redelivered after the crash (or the attempt's lease timer) ends up here. A DAG run
@@ -870,10 +896,12 @@ class PartitionCore:
             job = self.store.job(ex["job_id"])
             if job is not None:
                 self._runs.mend(job, ex, ctx)
+        # A running attempt has a lease, a pending retry its time (_begin_attempt and
+        # _fail_attempt set them with the state).
         elif ex["state"] == RUNNING:
-            self._lease(ex, ctx)
+            self._lease(ex, cast(int, ex["lease_until_ms"]), ctx)
         elif ex["state"] == RETRY_PENDING:
-            self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
+            self._put_exec_timer(ex, TimerKind.RETRY, cast(int, ex["retry_at_ms"]))
 
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
         for entry in entries:
@@ -885,7 +913,7 @@ class PartitionCore:
                 self._mend_lost_start(entry[2], entry[3], ctx, started=ex is not None)
             if ex is None or ex["attempt"] != attempt:
                 continue  # retried since: a later timer watches the newer attempt
-            if ex["state"] == RUNNING and ex["lease_until_ms"] <= ctx.now_ms:
+            if ex["state"] == RUNNING and cast(int, ex["lease_until_ms"]) <= ctx.now_ms:
                 self._expire(ex, ctx, why="the worker stopped heartbeating")
             else:
                 # Extended by heartbeats: look again then. Retry pending: its retry timer
@@ -910,7 +938,7 @@ class PartitionCore:
                 continue
             self._expire(ex, ctx, why="the worker holding the call stopped before its due time")
 
-    def _expire(self, ex: Record, ctx: Context, *, why: str) -> None:
+    def _expire(self, ex: ExecutionRecord, ctx: Context, *, why: str) -> None:
         """A running attempt whose worker is gone fails `lease_expired`; the retry policy
         decides what follows."""
         job = self.store.job(ex["job_id"])
@@ -921,7 +949,7 @@ class PartitionCore:
 
     # --- firing ------------------------------------------------------------------------------
 
-    def _fire_scheduled(self, job: Record, slot: Slot, ctx: Context, *,
+    def _fire_scheduled(self, job: JobRecord, slot: Slot, ctx: Context, *,
                         not_before_ms: int = 0) -> None:
         plan = self._plan(job)
         paused = job["status"] == JOB_PAUSED
@@ -962,7 +990,7 @@ class PartitionCore:
                                     start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms)
         return slots
 
-    def _misfire(self, job: Record, plan: JobPlan, late: list[Slot], ctx: Context, *,
+    def _misfire(self, job: JobRecord, plan: JobPlan, late: list[Slot], ctx: Context, *,
                  more: bool = False) -> None:
         decision = resolve_misfire(late_slots=late, now_ms=ctx.now_ms, policy=plan.misfire)
         fire, missed = decision.fire, decision.missed
@@ -981,7 +1009,7 @@ class PartitionCore:
         for slot in fire:
             self._on_slot(job, plan, slot, ctx, trigger=BY_MISFIRE)
 
-    def _fire_paced(self, job: Record, slot: Slot, trigger: Trigger, ctx: Context, *,
+    def _fire_paced(self, job: JobRecord, slot: Slot, trigger: Trigger, ctx: Context, *,
                     rerun_of: int | None = None) -> None:
         if job["status"] == JOB_DELETED:
             # Its turn came after the delete: recorded, not silently dropped.
@@ -993,7 +1021,7 @@ class PartitionCore:
             self._on_slot(job, self._plan(job), slot, ctx, trigger=trigger, rerun_of=rerun_of)
         self._save_job(ctx, job, "job.slot_fired")
 
-    def _record_outcome(self, job: Record, slot: Slot, ctx: Context, *, state: ExecutionStatus,
+    def _record_outcome(self, job: JobRecord, slot: Slot, ctx: Context, *, state: ExecutionStatus,
                         reason: str) -> None:
         ex_id = exec_id(job["job_id"], slot.scheduled_for_ms)
         if self.store.execution(ex_id) is not None:
@@ -1004,7 +1032,7 @@ class PartitionCore:
         ex["reason"] = reason
         self._save_exec(ctx, ex, f"execution.{state}")
 
-    def _on_slot(self, job: Record, plan: JobPlan, slot: Slot, ctx: Context, *,
+    def _on_slot(self, job: JobRecord, plan: JobPlan, slot: Slot, ctx: Context, *,
                  trigger: Trigger, not_before_ms: int = 0, rerun_of: int | None = None) -> None:
         """Apply the overlap policy to a slot that is due now (a backfill's rerun too)."""
         if job["running"] and plan.overlap != Overlap.ALLOW:
@@ -1030,7 +1058,7 @@ class PartitionCore:
                               slot.scheduled_for_ms), slot=slot, trigger=trigger,
                               not_before_ms=not_before_ms, rerun_of=rerun_of)
 
-    def _suppress(self, job: Record, ex_id: str, slot: Slot, ctx: Context, reason: str) -> None:
+    def _suppress(self, job: JobRecord, ex_id: str, slot: Slot, ctx: Context, reason: str) -> None:
         """A duplicate trigger changes nothing; it is recorded so audits can count it."""
         self.suppressed += 1
         ctx.effects.append(Emit(topic="signals", name="kron.executions.TriggerSuppressed",
@@ -1043,11 +1071,12 @@ class PartitionCore:
             "exec_id": ex_id, "job_id": job["job_id"], "scheduled_for_ms": slot.scheduled_for_ms,
             "owner_epoch": ctx.epoch, "reason": reason}))
 
-    def _new_execution(self, job: Record, ex_id: str, slot: Slot, ctx: Context, *,
-                       trigger: Trigger) -> Record:
+    def _new_execution(self, job: JobRecord, ex_id: str, slot: Slot, ctx: Context, *,
+                       trigger: Trigger) -> ExecutionRecord:
         plan_jitter = float(job["spec"].get("jitter_s", 0.0))
         return {
-            "envelope": {"tenant": job["envelope"]["tenant"]},
+            # Replaced by _save_exec's envelope; only the tenant is read from it.
+            "envelope": cast(EnvelopeRecord, {"tenant": job["envelope"]["tenant"]}),
             "exec_id": ex_id, "job_id": job["job_id"],
             "scheduled_for_ms": slot.scheduled_for_ms, "owner_epoch": ctx.epoch,
             "state": QUEUED, "trigger": trigger, "attempt": 0, "fencing_token": 0,
@@ -1059,7 +1088,7 @@ class PartitionCore:
             "updated_at_ms": ctx.now_ms, "run_id": None, "task_id": None, "dag": None,
         }
 
-    def _start_execution(self, job: Record, plan: JobPlan, ctx: Context, *, ex_id: str,
+    def _start_execution(self, job: JobRecord, plan: JobPlan, ctx: Context, *, ex_id: str,
                          slot: Slot, trigger: Trigger, not_before_ms: int = 0,
                          rerun_of: int | None = None) -> None:
         """The check-and-set that makes a slot fire once: local, because we own the partition.
@@ -1083,7 +1112,7 @@ class PartitionCore:
             return
         self._begin_attempt(job, plan, ex, ctx, not_before_ms=not_before_ms)
 
-    def _rerun(self, job: Record, plan: JobPlan, ex: Record, ctx: Context) -> None:
+    def _rerun(self, job: JobRecord, plan: JobPlan, ex: ExecutionRecord, ctx: Context) -> None:
         """The next attempt of a finished execution, on a backfill's request: the same exec
         id (so the same Idempotency-Key), the attempt number and fencing token one higher.
         It runs as any attempt does; if it fails, the retry policy judges it by its attempt
@@ -1099,14 +1128,14 @@ class PartitionCore:
             job["running"].append(ex["exec_id"])
         self._begin_attempt(job, plan, ex, ctx, event_type=backfill.RERUN_STARTED)
 
-    def _prune_running(self, job: Record) -> None:
+    def _prune_running(self, job: JobRecord) -> None:
         """Drop finished executions from `running`: an `allow` job's finish does not write
         the job, and a crash between two writes can leave one behind for any policy."""
         job["running"] = [e for e in job["running"] if not self.store.known_terminal(e)
                           and (x := self.store.execution(e)) is not None
                           and x["state"] not in TERMINAL]
 
-    def _begin_attempt(self, job: Record, plan: JobPlan, ex: Record, ctx: Context, *,
+    def _begin_attempt(self, job: JobRecord, plan: JobPlan, ex: ExecutionRecord, ctx: Context, *,
                        not_before_ms: int = 0, event_type: str = "execution.started") -> None:
         """Start an attempt; one decided ahead (not_before_ms) starts, and is leased, from
         its due time."""
@@ -1116,13 +1145,13 @@ class PartitionCore:
         ex["state"] = RUNNING
         ex["worker"] = ctx.worker
         ex["retry_at_ms"] = None
-        ex["lease_until_ms"] = start + int(plan.lease_s * 1000)
+        lease_until = ex["lease_until_ms"] = start + int(plan.lease_s * 1000)
         ex["attempts"].append({
             "attempt": ex["attempt"], "fencing_token": ex["fencing_token"],
             "worker": ctx.worker, "started_at_ms": start, "finished_at_ms": None,
             "outcome": None, "status_code": None, "error": None,
         })
-        self._lease(ex, ctx)
+        self._lease(ex, lease_until, ctx)
         if start > ctx.now_ms:
             ctx.held.setdefault(start, []).append([ex["exec_id"], ex["attempt"]])
         self._save_exec(ctx, ex, event_type)
@@ -1133,25 +1162,25 @@ class PartitionCore:
             fencing_token=ex["fencing_token"],
             target=branch(job["spec"]["target"]) if task_id is None else task_target(plan, task_id),
             lease_s=plan.lease_s, not_before_ms=start if start > ctx.now_ms else 0,
-            lease_until_ms=ex["lease_until_ms"],
+            lease_until_ms=lease_until,
             # A task's end releases the next tasks: it must not wait behind other results.
             result_may_wait=plan.overlap == Overlap.ALLOW and task_id is None,
             run_id=ex["run_id"], task_id=task_id))
 
-    def _put_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int) -> None:
+    def _put_exec_timer(self, ex: ExecutionRecord, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])
         value: AttemptTimer = {"a": ex["attempt"]}
         self.store.put_timer(key, orjson.dumps(value))
 
-    def _del_exec_timer(self, ex: Record, kind: TimerKind, due_ms: int | None) -> None:
+    def _del_exec_timer(self, ex: ExecutionRecord, kind: TimerKind, due_ms: int | None) -> None:
         if due_ms is not None:
             self.store.delete_timer(timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"],
                                               ref=ex["exec_id"]))
 
-    def _next_attempt(self, job: Record, ex: Record, ctx: Context) -> None:
+    def _next_attempt(self, job: JobRecord, ex: ExecutionRecord, ctx: Context) -> None:
         self._begin_attempt(job, self._plan(job), ex, ctx)
 
-    def _cancel(self, ex_id: str, job: Record, ctx: Context, *, reason: str) -> None:
+    def _cancel(self, ex_id: str, job: JobRecord, ctx: Context, *, reason: str) -> None:
         ex = self.store.execution(ex_id)
         if ex is None or ex["state"] in TERMINAL:
             _discard(job["running"], ex_id)
@@ -1162,7 +1191,7 @@ class PartitionCore:
         self._fence(ex, ctx, reason=reason)
         self._finish(job, ex, ctx, "execution.cancelled")
 
-    def _fence(self, ex: Record, ctx: Context, *, reason: str) -> None:
+    def _fence(self, ex: ExecutionRecord, ctx: Context, *, reason: str) -> None:
         """Cancel the execution's attempt: the call is stopped, and bumping the token fences
         it (its late report is rejected)."""
         self._del_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
@@ -1171,7 +1200,7 @@ class PartitionCore:
         ex["state"] = CANCELLED
         ex["reason"] = reason
 
-    def _stop_attempt(self, ex: Record, ctx: Context, *, reason: str) -> None:
+    def _stop_attempt(self, ex: ExecutionRecord, ctx: Context, *, reason: str) -> None:
         """Cancel a DAG task instance whose run is being cancelled (the run records it)."""
         self._fence(ex, ctx, reason=reason)
         ex["lease_until_ms"] = None
@@ -1179,24 +1208,28 @@ class PartitionCore:
 
     # --- attempt reports ---------------------------------------------------------------------
 
-    def on_report(self, name: str, rep: Record, ctx: Context) -> list[Effect]:
-        """Apply an attempt's report, or a batch of them (AttemptsFinished)."""
+    def on_report(self, name: str, rep: Mapping[str, Any], ctx: Context) -> list[Effect]:
+        """Apply an attempt's report, or a batch of them (AttemptsFinished): a record of the
+        kron.executions schema `name` names."""
         kind = name.rsplit(".", 1)[-1]
         if kind == "AttemptsFinished":
-            for item in rep["results"]:
+            for item in cast(AttemptsFinishedReport, rep)["results"]:
                 self._on_report("ExecutionSucceeded" if item["ok"] else "ExecutionFailed",
                                 item, ctx)
         else:
-            self._on_report(kind, rep, ctx)
+            self._on_report(kind, cast(ExecutionReport, rep), ctx)
         return self._flush_leases(ctx)
 
-    def _on_report(self, kind: str, rep: Record, ctx: Context) -> None:
+    def _on_report(self, kind: str, rep: ExecutionReport, ctx: Context) -> None:
+        """`kind` names rep's schema; a batched result comes as ExecutionSucceeded or
+        ExecutionFailed (its `ok`), with the fields those read."""
         ex = self.store.execution(rep["exec_id"])
         if ex is None or ex["state"] != RUNNING or ex["fencing_token"] != rep["fencing_token"]:
             # A zombie's or a cancelled attempt's word: fenced, never applied.
             self.stale_rejected += 1
             if ex is not None and ex["run_id"] is not None and ex["state"] in TERMINAL:
-                self._mend_run_of(ex, ctx)  # perhaps the report came again after a crash
+                # Perhaps the report came again after a crash.
+                self._mend_run_of(ex["run_id"], ex["job_id"], ctx)
             return
         job = self.store.job(ex["job_id"])
         if job is None:
@@ -1205,27 +1238,34 @@ class PartitionCore:
             # Only ever extend: a duplicated or reordered heartbeat must not pull the lease
             # back in and expire a live attempt. The lease timer stays where it is; when it
             # fires it finds the later time and re-arms itself.
-            ex["lease_until_ms"] = max(ex["lease_until_ms"] or 0, rep["lease_until_ms"])
+            beat = cast(ExecutionHeartbeatReport, rep)
+            ex["lease_until_ms"] = max(ex["lease_until_ms"] or 0, beat["lease_until_ms"])
             self._save_exec(ctx, ex, "execution.heartbeat")
         elif kind == "ExecutionSucceeded":
-            _close_attempt(ex, rep, OUTCOME_SUCCEEDED)
+            done = cast(SucceededReport, rep)
+            _close_attempt(ex, done, OUTCOME_SUCCEEDED)
             ex["state"] = SUCCEEDED
-            ex["status_code"] = rep.get("status_code")
+            ex["status_code"] = done.get("status_code")
             self._finish(job, ex, ctx, "execution.succeeded")
         elif kind == "ExecutionFailed":
-            self._fail_attempt(job, ex, ctx, error_class=ErrorClass(rep["error_class"]),
-                               error=rep["error"], status_code=rep.get("status_code"),
-                               retry_after_s=rep.get("retry_after_s"),
-                               started_at_ms=rep.get("started_at_ms"), report=rep)
+            failed = cast(FailedReport, rep)
+            # Never None in a failure (a batched result whose `ok` is false carries it).
+            error_class = ErrorClass(cast(str, failed["error_class"]))
+            self._fail_attempt(job, ex, ctx, error_class=error_class,
+                               error=failed["error"], status_code=failed.get("status_code"),
+                               retry_after_s=failed.get("retry_after_s"),
+                               started_at_ms=failed.get("started_at_ms"), report=failed)
 
-    def _mend_run_of(self, task: Record, ctx: Context) -> None:
-        run, job = self.store.execution(task["run_id"]), self.store.job(task["job_id"])
+    def _mend_run_of(self, run_id: str, job_id: str, ctx: Context) -> None:
+        """The run of a task instance whose report came again: see DagRuns.mend."""
+        run, job = self.store.execution(run_id), self.store.job(job_id)
         if run is not None and job is not None:
             self._runs.mend(job, run, ctx)
 
-    def _fail_attempt(self, job: Record, ex: Record, ctx: Context, *, error_class: ErrorClass,
-                      error: str, status_code: int | None, retry_after_s: float | None,
-                      started_at_ms: int | None, report: Record | None = None) -> None:
+    def _fail_attempt(self, job: JobRecord, ex: ExecutionRecord, ctx: Context, *,
+                      error_class: ErrorClass, error: str | None, status_code: int | None,
+                      retry_after_s: float | None, started_at_ms: int | None,
+                      report: FailedReport | None = None) -> None:
         plan = self._plan(job)
         _close_attempt(ex, report or {"finished_at_ms": ctx.now_ms, "status_code": status_code,
                                       "error": error}, str(error_class))
@@ -1237,9 +1277,9 @@ class PartitionCore:
                                   rand=_rand(ex["exec_id"], ex["attempt"]),
                                   retry_after_s=retry_after_s)
             ex["state"] = RETRY_PENDING
-            ex["retry_at_ms"] = ctx.now_ms + int(delay * 1000)
+            retry_at = ex["retry_at_ms"] = ctx.now_ms + int(delay * 1000)
             ex["lease_until_ms"] = None
-            self._put_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
+            self._put_exec_timer(ex, TimerKind.RETRY, retry_at)
             self._save_exec(ctx, ex, "execution.retry_scheduled")
             return
         ex["state"] = FAILED
@@ -1247,7 +1287,7 @@ class PartitionCore:
         ctx.effects.append(Emit(topic="dead-letters", name="kron.deadletter.DeadLetter",
                                 key=job["job_id"], record=self._failure_alert(job, ex, ctx)))
 
-    def _failure_alert(self, job: Record, ex: Record, ctx: Context) -> Record:
+    def _failure_alert(self, job: JobRecord, ex: ExecutionRecord, ctx: Context) -> Record:
         return {
             "envelope": make_envelope(
                 # A rerun may fail the execution again.
@@ -1261,7 +1301,7 @@ class PartitionCore:
             "error_class": "execution_failed",
         }
 
-    def _finish(self, job: Record, ex: Record, ctx: Context, event_type: str) -> None:
+    def _finish(self, job: JobRecord, ex: ExecutionRecord, ctx: Context, event_type: str) -> None:
         """Terminal state; a queued slot (overlap=queue) starts now, or is skipped if paused.
 
         An `allow` job whose status does not change is not written: nothing decides on its
@@ -1293,7 +1333,9 @@ class PartitionCore:
         self._save_job(ctx, job, "job.execution_finished")
 
 
-def _close_attempt(ex: Record, rep: Record, outcome: str) -> None:
+def _close_attempt(ex: ExecutionRecord, rep: Mapping[str, Any], outcome: str) -> None:
+    """Close the last attempt as `rep` says it ended: a report (lone or batched: not every
+    schema has every field read here), or the core's own verdict (a lease that expired)."""
     last = ex["attempts"][-1]
     last["finished_at_ms"] = rep.get("finished_at_ms")
     last["outcome"] = outcome

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Generator, Mapping
+from typing import Any, cast
 
 from schemas import codec
 from streams.domain.timer import TimerKind, due_of, due_prefix_upper_bound, kind_of
-from streams.engine.store import TERMINAL, Record, copy_record, record_copier
+from streams.engine.records import ExecutionRecord, JobRecord
+from streams.engine.store import TERMINAL, RecordCopier, copy_record, record_copier
 from streams.runtime import OFFSET_KEY as FAUST_OFFSET_KEY
 
 JOB_STATE = "kron.state.JobState"
@@ -177,14 +178,14 @@ class RecordCache:
     def __init__(self, capacity: int = 1 << 14, *, schema: str | None = None) -> None:
         # An OrderedDict, for TerminalMemo's reason: a put of a new key (one per execution)
         # evicts once the cache is full.
-        self._entries: OrderedDict[bytes, tuple[bytes, Record]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[bytes, Mapping[str, Any]]] = OrderedDict()
         self._capacity = capacity
         # The records' schema, when all are of one: their copies then skip the non-arrays.
-        self._copy = copy_record if schema is None else record_copier(schema)
+        self._copy: RecordCopier = copy_record if schema is None else record_copier(schema)
         self.hits = 0
         self.misses = 0
 
-    def put(self, key: bytes, raw: bytes, record: Record) -> None:
+    def put(self, key: bytes, raw: bytes, record: Mapping[str, Any]) -> None:
         if not self._capacity:
             return
         entries = self._entries
@@ -193,7 +194,7 @@ class RecordCache:
         if len(entries) > self._capacity:
             entries.popitem(last=False)
 
-    def get(self, key: bytes, raw: bytes) -> Record | None:
+    def get(self, key: bytes, raw: bytes) -> Mapping[str, Any] | None:
         entry = self._entries.get(key)
         if entry is None or entry[0] != raw:
             self.misses += 1
@@ -232,7 +233,10 @@ class TableStore:
         raw = table.partition_db(self._partition).get(key)
         return None if raw is None else bytes(raw)
 
-    def _read(self, table: Any, cache: RecordCache, key: bytes) -> Record | None:
+    def _read(self, table: Any, cache: RecordCache, key: bytes) -> Mapping[str, Any] | None:
+        """The record under `key`, as its bytes decode (or a copy of what this process wrote
+        with those bytes): the one place a stored record's schema is taken on trust, by
+        job() and execution()."""
         raw = self._get(table, key)
         if raw is None:
             return None
@@ -240,25 +244,28 @@ class TableStore:
         return codec.decode(raw).record if record is None else record
 
     def _write(self, table: Any, cache: RecordCache | None, key: bytes, raw: bytes,
-               record: Record) -> None:
+               record: Mapping[str, Any]) -> None:
         table.write(self._partition, key, raw, self._epoch)
         if cache is not None:
             cache.put(key, raw, record)
 
-    def job(self, job_id: str) -> Record | None:
-        return self._read(self._jobs, self._job_cache, job_id.encode())
+    def job(self, job_id: str) -> JobRecord | None:
+        # The jobs table holds only JobState records (put_job writes them).
+        return cast("JobRecord | None", self._read(self._jobs, self._job_cache, job_id.encode()))
 
-    def put_job(self, job: Record, *, cache: bool = True) -> None:
+    def put_job(self, job: JobRecord, *, cache: bool = True) -> None:
         encoder = job_encoder()
         self._write(self._jobs, self._job_cache if cache else None, job["job_id"].encode(),
                     encoder.encode(job), job)
         if not cache:  # no cached copy of this object will be written again
             encoder.forget(job["spec"])
 
-    def execution(self, exec_id: str) -> Record | None:
-        return self._read(self._executions, self._execution_cache, exec_id.encode())
+    def execution(self, exec_id: str) -> ExecutionRecord | None:
+        # The executions table holds only ExecutionState records (put_execution writes them).
+        return cast("ExecutionRecord | None",
+                    self._read(self._executions, self._execution_cache, exec_id.encode()))
 
-    def put_execution(self, execution: Record) -> None:
+    def put_execution(self, execution: ExecutionRecord) -> None:
         self._write(self._executions, self._execution_cache, execution["exec_id"].encode(),
                     codec.encode_trusted(EXECUTION_STATE, execution), execution)
         if execution["state"] in TERMINAL:

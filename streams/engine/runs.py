@@ -18,7 +18,7 @@ ended instance (now stale) brings the core here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from streams.domain import dag
 from streams.domain.dag import Changes, TaskState
@@ -27,8 +27,13 @@ from streams.domain.ids import task_exec_id
 from streams.domain.policies import RetryPolicy
 from streams.domain.schedule import Slot
 from streams.domain.states import ExecutionStatus
+from streams.engine.records import (
+    DagRunProgress,
+    ExecutionRecord,
+    JobRecord,
+    TaskProgressRecord,
+)
 from streams.engine.spec import JobPlan, branch
-from streams.engine.store import Record
 
 if TYPE_CHECKING:
     from streams.engine.core import Context, PartitionCore
@@ -46,11 +51,11 @@ TASK_END: Final = {SUCCEEDED: TaskState.SUCCEEDED, FAILED: TaskState.FAILED,
 RETRYABLE: Final = frozenset({FAILED, CANCELLED})
 
 
-def is_run(ex: Record) -> bool:
+def is_run(ex: ExecutionRecord) -> bool:
     return ex.get("dag") is not None
 
 
-def is_task(ex: Record) -> bool:
+def is_task(ex: ExecutionRecord) -> bool:
     return ex.get("run_id") is not None
 
 
@@ -68,7 +73,7 @@ def task_target(plan: JobPlan, task_id: str) -> Any:
     return target
 
 
-def retry_of(plan: JobPlan, ex: Record) -> RetryPolicy:
+def retry_of(plan: JobPlan, ex: ExecutionRecord) -> RetryPolicy:
     """A task instance's retry policy: its task's, else the job's."""
     task_id = ex.get("task_id")
     if task_id is None or plan.dag is None or task_id not in plan.dag.index:
@@ -85,7 +90,7 @@ class DagRuns:
 
     # --- a run starts, moves on and ends ----------------------------------------------------
 
-    def start(self, job: Record, plan: JobPlan, run: Record, ctx: Context) -> None:
+    def start(self, job: JobRecord, plan: JobPlan, run: ExecutionRecord, ctx: Context) -> None:
         """A new run (its record not saved yet): release its roots."""
         assert plan.dag is not None
         run["state"] = RUNNING
@@ -94,20 +99,22 @@ class DagRuns:
         self._apply(job, plan, run, progress, dag.start_run(plan.dag, progress), ctx,
                     event_type="dag_run.started")
 
-    def task_done(self, job: Record, task: Record, ctx: Context) -> None:
+    def task_done(self, job: JobRecord, task: ExecutionRecord, ctx: Context) -> None:
         """A task instance ended (its record saved): the run takes it in."""
-        run = self._store.execution(task["run_id"])
+        # A task instance names its run and its task (see _start_task).
+        run_id, task_id = cast(str, task["run_id"]), cast(str, task["task_id"])
+        run = self._store.execution(run_id)
         plan = self._core._plan(job)
         if run is None or run["state"] != RUNNING or plan.dag is None:
             return  # the run ended first (cancelled): the task's end changes nothing
         progress = _progress(run)
         if task["state"] == FAILED and run["last_error"] is None:
-            run["last_error"] = f"task {task['task_id']}: {task['last_error']}"
-        changes = dag.task_finished(plan.dag, progress, task["task_id"],
+            run["last_error"] = f"task {task_id}: {task['last_error']}"
+        changes = dag.task_finished(plan.dag, progress, task_id,
                                     TASK_END[task["state"]], task["reason"])
         self._apply(job, plan, run, progress, changes, ctx, event_type="dag_run.progressed")
 
-    def cancel(self, job: Record, run: Record, ctx: Context, *, reason: str) -> None:
+    def cancel(self, job: JobRecord, run: ExecutionRecord, ctx: Context, *, reason: str) -> None:
         """Cancel a running run: its running task instances are cancelled and fenced, its
         unstarted tasks skipped with the reason, the run ends `cancelled`."""
         plan = self._core._plan(job)
@@ -119,12 +126,12 @@ class DagRuns:
             task = self._store.execution(task_exec_id(run["exec_id"], task_id))
             if task is not None and task["state"] in ACTIVE:
                 self._core._stop_attempt(task, ctx, reason=reason)
-        run["dag"] = {"tasks": progress}
+        _keep_progress(run, progress)
         run["state"] = CANCELLED
         run["reason"] = reason
         self._core._finish(job, run, ctx, "dag_run.cancelled")
 
-    def retry(self, job: Record, run: Record, ctx: Context) -> None:
+    def retry(self, job: JobRecord, run: ExecutionRecord, ctx: Context) -> None:
         """Run a finished run's failed, upstream_failed and cancelled tasks again, and those
         downstream of them; tasks that succeeded keep their result."""
         plan = self._core._plan(job)
@@ -141,8 +148,9 @@ class DagRuns:
         self._apply(job, plan, run, progress, changes, ctx, event_type="dag_run.retried",
                     rerun=True)
 
-    def _apply(self, job: Record, plan: JobPlan, run: Record, progress: list[dict[str, Any]],
-               changes: Changes, ctx: Context, *, event_type: str, rerun: bool = False) -> None:
+    def _apply(self, job: JobRecord, plan: JobPlan, run: ExecutionRecord,
+               progress: list[dict[str, Any]], changes: Changes, ctx: Context, *,
+               event_type: str, rerun: bool = False) -> None:
         """Save the run with its progress, then start what the rules released (see the
         module's note on order). A released task whose instance already ended (a crash lost
         the run write that took it in) is taken in now, and may release more."""
@@ -157,7 +165,7 @@ class DagRuns:
                     started.append(task_id)
                 else:
                     work.append(dag.task_finished(plan.dag, progress, task_id, *ended))
-        run["dag"] = {"tasks": progress}
+        _keep_progress(run, progress)
         outcome = dag.run_state(progress)
         if outcome is not None:
             run["state"] = SUCCEEDED if outcome == TaskState.SUCCEEDED else FAILED
@@ -167,7 +175,7 @@ class DagRuns:
         for task_id in started:
             self._start_task(job, plan, run, task_id, ctx, rerun=rerun)
 
-    def _ended(self, run: Record, task_id: str, *,
+    def _ended(self, run: ExecutionRecord, task_id: str, *,
                rerun: bool) -> tuple[TaskState, str | None] | None:
         """The end of a released task's instance if it has one this run must take in."""
         if rerun:
@@ -177,7 +185,7 @@ class DagRuns:
             return None
         return TASK_END[task["state"]], task["reason"]
 
-    def _start_task(self, job: Record, plan: JobPlan, run: Record, task_id: str,
+    def _start_task(self, job: JobRecord, plan: JobPlan, run: ExecutionRecord, task_id: str,
                     ctx: Context, *, rerun: bool) -> None:
         """The check-and-set of a task instance: a new one starts its first attempt; one
         running already (the event came again) keeps running, watched; one that ended before
@@ -199,7 +207,7 @@ class DagRuns:
 
     # --- repair ------------------------------------------------------------------------------
 
-    def mend(self, job: Record, run: Record, ctx: Context) -> None:
+    def mend(self, job: JobRecord, run: ExecutionRecord, ctx: Context) -> None:
         """A running run whose event came again, or whose task's report came again: start
         each task it calls running that has no instance, and take in each instance that
         ended without the run knowing (see the module's note). Nothing when state is whole."""
@@ -228,7 +236,19 @@ class DagRuns:
             self._apply(job, plan, run, progress, merged, ctx, event_type="dag_run.progressed")
 
 
-def _progress(run: Record) -> list[dict[str, Any]]:
+# A run's progress is a list of kron.TaskProgress records (TaskProgressRecord) in its
+# execution record, and the list of mutable dicts that streams.domain.dag changes: the same
+# objects, typed one way or the other at these two functions.
+
+
+def _progress(run: ExecutionRecord) -> list[dict[str, Any]]:
     """A copy of the run's progress to change: saved records are never changed in place
     (streams.engine.store.copy_record says why)."""
-    return [dict(entry) for entry in run["dag"]["tasks"]]
+    # A DAG run's record holds its progress (runs.start wrote it before anything ran).
+    tasks = cast(DagRunProgress, run["dag"])["tasks"]
+    return [dict(entry) for entry in tasks]
+
+
+def _keep_progress(run: ExecutionRecord, progress: list[dict[str, Any]]) -> None:
+    """Put the changed progress in the run's record (the caller saves it)."""
+    run["dag"] = {"tasks": cast("list[TaskProgressRecord]", progress)}

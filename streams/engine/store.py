@@ -10,20 +10,31 @@ from __future__ import annotations
 import bisect
 import copy
 import functools
-from collections.abc import Callable, Generator
-from typing import Any, Protocol
+from collections.abc import Generator, Mapping
+from typing import Any, Final, Protocol, TypeVar, cast
 
 from schemas import codec, names
 from schemas.registry import default_registry
 from streams.domain.states import ExecutionStatus
+from streams.engine.records import ExecutionRecord, JobRecord
 
+# A record of no schema in particular (an effect's, say); the state the core reads and
+# writes is typed by streams.engine.records.
 Record = dict[str, Any]
+RecordT = TypeVar("RecordT", bound=Mapping[str, Any])
 
 # The execution states that are over (read by name where decisions test them).
 TERMINAL = ExecutionStatus.TERMINAL
 
 
-def copy_record(record: Record) -> Record:
+class RecordCopier(Protocol):
+    """A copy of a record, as copy_record makes one: of the same type (a JobRecord's copy is
+    a JobRecord), because at run time a record is a plain dict and so is its copy."""
+
+    def __call__(self, record: RecordT, /) -> RecordT: ...
+
+
+def _copy_record(record: Mapping[str, Any]) -> dict[str, Any]:
     """A copy the core may change the way it changes records: a new top-level dict, new
     lists and new dicts inside them (an execution's attempts). Nested records (the spec,
     the envelope) are shared: the core replaces them and never changes them in place.
@@ -39,13 +50,17 @@ def copy_record(record: Record) -> Record:
     return out
 
 
+# Typed once here, not at every call (a cast is a call): the copy is the record's type.
+copy_record: Final = cast(RecordCopier, _copy_record)
+
+
 @functools.cache
-def record_copier(schema_name: str) -> Callable[[Record], Record]:
+def record_copier(schema_name: str) -> RecordCopier:
     """copy_record for records of one schema (see copier_for_fields)."""
     return copier_for_fields(default_registry().latest(schema_name).schema["fields"])
 
 
-def copier_for_fields(fields: list[dict[str, Any]]) -> Callable[[Record], Record]:
+def copier_for_fields(fields: list[dict[str, Any]]) -> RecordCopier:
     """copy_record for records with these fields, visiting the fields that may hold an
     array (an array, or a union with one) instead of every value: 1.0 against 1.9 us for an
     execution. The same copy for any record the store holds: one with a key outside its
@@ -53,7 +68,7 @@ def copier_for_fields(fields: list[dict[str, Any]]) -> Callable[[Record], Record
     missing one is left out of the copy as it is of the record."""
     arrays = tuple(f["name"] for f in fields if _may_hold_array(f["type"]))
 
-    def copy_of(record: Record) -> Record:
+    def copy_of(record: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(record)
         for key in arrays:
             value = record.get(key)
@@ -61,7 +76,7 @@ def copier_for_fields(fields: list[dict[str, Any]]) -> Callable[[Record], Record
                 out[key] = [dict(v) if type(v) is dict else v for v in value]
         return out
 
-    return copy_of
+    return cast(RecordCopier, copy_of)
 
 
 def _may_hold_array(schema: Any) -> bool:
@@ -73,16 +88,16 @@ def _may_hold_array(schema: Any) -> bool:
 class PartitionStore(Protocol):
     """One partition's state. Every method is synchronous: the core never awaits."""
 
-    def job(self, job_id: str) -> Record | None: ...
+    def job(self, job_id: str) -> JobRecord | None: ...
 
-    def put_job(self, job: Record, *, cache: bool = True) -> None:
+    def put_job(self, job: JobRecord, *, cache: bool = True) -> None:
         """cache=False: the job will not be read soon (it fires much later), so a store
         that keeps decoded copies of what it wrote need not keep this one."""
         ...
 
-    def execution(self, exec_id: str) -> Record | None: ...
+    def execution(self, exec_id: str) -> ExecutionRecord | None: ...
 
-    def put_execution(self, execution: Record) -> None: ...
+    def put_execution(self, execution: ExecutionRecord) -> None: ...
 
     def put_timer(self, key: bytes, value: bytes) -> None: ...
 
@@ -124,28 +139,28 @@ class MemoryStore:
     """
 
     def __init__(self) -> None:
-        self.jobs: dict[str, Record] = {}
-        self.executions: dict[str, Record] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.executions: dict[str, ExecutionRecord] = {}
         self.timers: dict[bytes, bytes] = {}
         self._keys: list[bytes] = []
-        self._saved: dict[tuple[str, str], Record] = {}
+        self._saved: dict[tuple[str, str], Mapping[str, Any]] = {}
         # Every state write in order: the in-memory twin of the changelog topics.
-        self.log: list[tuple[str, Record]] = []
+        self.log: list[tuple[str, Mapping[str, Any]]] = []
 
-    def job(self, job_id: str) -> Record | None:
+    def job(self, job_id: str) -> JobRecord | None:
         return self._read("job", self.jobs, job_id)
 
-    def put_job(self, job: Record, *, cache: bool = True) -> None:
+    def put_job(self, job: JobRecord, *, cache: bool = True) -> None:
         self._write("job", self.jobs, job["job_id"], job, names.JOB_STATE)
 
-    def execution(self, exec_id: str) -> Record | None:
+    def execution(self, exec_id: str) -> ExecutionRecord | None:
         return self._read("execution", self.executions, exec_id)
 
-    def put_execution(self, execution: Record) -> None:
+    def put_execution(self, execution: ExecutionRecord) -> None:
         self._write("execution", self.executions, execution["exec_id"], execution,
                     names.EXECUTION_STATE)
 
-    def _read(self, kind: str, table: dict[str, Record], key: str) -> Record | None:
+    def _read(self, kind: str, table: dict[str, RecordT], key: str) -> RecordT | None:
         record = table.get(key)
         if record is None:
             return None
@@ -153,7 +168,7 @@ class MemoryStore:
             raise AssertionError(f"{kind} {key!r} changed in place after it was saved")
         return copy_record(record)
 
-    def _write(self, kind: str, table: dict[str, Record], key: str, record: Record,
+    def _write(self, kind: str, table: dict[str, RecordT], key: str, record: RecordT,
                schema: str) -> None:
         if codec.decode(codec.encode_trusted(schema, record)).record != record:
             raise AssertionError(f"{kind} {key!r} is not in the form its Avro bytes read back as")

@@ -49,10 +49,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from kron.timefmt import iso
 from streams.domain.commands import ENABLE_HINT, CommandRegistry
+from streams.domain.dag import TASK_ID_PATTERN, TriggerRule, parse_dag
 from streams.domain.errors import PermanentError
 from streams.domain.schedule import OneOffSchedule, bounded_next_slot, parse_cron
 from streams.domain.topics import TopicGrants
@@ -64,6 +65,8 @@ __all__ = [
     "JOB_SPEC",
     "BuildContext",
     "CommandTargetIn",
+    "DagIn",
+    "DagTaskIn",
     "DstIn",
     "HttpTargetIn",
     "InvalidField",
@@ -210,6 +213,8 @@ class BuildContext:
 
 # The type of a pydantic error that carries an InvalidField (see _in_context, invalid_of).
 _INVALID_FIELD = "kron_invalid_field"
+# A field's value in ValidationInfo.data once it failed its own validation.
+_INVALID = object()
 
 
 def _pydantic_error(exc: InvalidField) -> PydanticCustomError:
@@ -346,6 +351,32 @@ def _misfire_shorthand(value: Any) -> Any:
     return {"kind": value} if isinstance(value, str) else value
 
 
+class DagTaskIn(_Model):
+    """One task of a DAG job: an ``id`` (``[a-z0-9][a-z0-9_.-]{0,63}``, unique in the DAG), a
+    ``target`` as a job's own (shorthand included), the ids it ``depends_on``, its
+    ``trigger_rule`` (Apache Airflow's: all_success, all_failed, all_done, one_success,
+    one_failed, none_failed, always), and a ``retry`` policy and ``timeout_s`` of its own
+    (null: the job's retry, the target's timeout). The ids, references, rules, policy and the
+    graph are judged by ``streams.domain.dag.parse_dag``, as the engine judges them."""
+
+    # Patterns and rules are parse_dag's to judge (with its messages); the schema shows them.
+    id: str = Field(json_schema_extra={"pattern": f"^{TASK_ID_PATTERN}$"})
+    target: Annotated[TargetIn, BeforeValidator(_infer_target_type)]
+    depends_on: list[str] = Field(default_factory=list)
+    trigger_rule: str = Field(default="all_success",
+                              json_schema_extra={"enum": [r.value for r in TriggerRule]})
+    retry: RetryIn | None = None
+    timeout_s: float | None = None
+
+
+class DagIn(_Model):
+    """A DAG job's ``dag``: its tasks, released as their parents finish (at most
+    ``streams.domain.dag.MAX_TASKS`` (500) tasks and ``MAX_EDGES`` (5,000) dependencies,
+    without a cycle)."""
+
+    tasks: list[DagTaskIn]
+
+
 class JobRequest(_Model):
     """The body of ``POST /v1/jobs``.
 
@@ -364,6 +395,11 @@ class JobRequest(_Model):
     (``schedule: {"run_at": ...}`` is accepted too), and ``fire_now_if_past: true`` to accept a
     ``run_at`` already in the past (it then fires at once, subject to the misfire policy).
 
+    A DAG job gives ``dag`` (:class:`DagIn`: ``{"tasks": [{"id", "target", "depends_on",
+    "trigger_rule", "retry", "timeout_s"}, ...]}``) instead of ``target``; everything else is
+    as for any job. Each task's target is checked as a job's target is, named by its place
+    (``dag.tasks[2].target.url``).
+
     Shorthand accepted and normalised to the above:
 
     * ``"schedule": "0 2 * * *"`` -> ``{"cron": "0 2 * * *"}`` (timezone UTC);
@@ -374,7 +410,8 @@ class JobRequest(_Model):
     * ``"misfire": "fire_all"`` -> ``{"kind": "fire_all"}``.
 
     ``name`` is optional: without it the job is named after its target (``POST host/path``,
-    ``kafka topic``, or the registered command's name).
+    ``kafka topic``, or the registered command's name); a DAG job is named ``dag:`` and its
+    first task's id (``dag:ingest``).
 
     Validated as a :data:`JOB_SPEC` with a :class:`BuildContext` as its context, a request is
     also checked as :func:`build_spec` describes, and becomes its Avro spec.
@@ -384,7 +421,10 @@ class JobRequest(_Model):
     schedule: Annotated[ScheduleIn | None, BeforeValidator(_schedule_shorthand)] = None
     run_at: str | None = None
     fire_now_if_past: bool = False
-    target: Annotated[TargetIn, BeforeValidator(_infer_target_type)]
+    # dag before target: _target_or_dag, target's validator, reads dag's outcome.
+    dag: DagIn | None = None
+    target: Annotated[TargetIn | None, BeforeValidator(_infer_target_type)] = Field(
+        default=None, validate_default=True)
     retry: RetryIn = Field(default_factory=RetryIn)
     concurrency: Concurrency = "allow"
     misfire: Annotated[MisfireIn, BeforeValidator(_misfire_shorthand)] = Field(
@@ -397,6 +437,23 @@ class JobRequest(_Model):
     metadata: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1,
                                         max_length=IDEMPOTENCY_KEY_MAX)
+
+    # Exactly one of them (a null target is no target); see _target_or_dag.
+    model_config = ConfigDict(json_schema_extra={
+        "anyOf": [{"required": ["target"]}, {"required": ["dag"]}]})
+
+    @field_validator("target", mode="after")
+    @classmethod
+    def _target_or_dag(cls, value: TargetIn | None, info: ValidationInfo) -> TargetIn | None:
+        """A target or a dag: neither is a missing target, as when there were no DAG jobs;
+        both, a refusal naming dag. A dag that failed its own validation (absent from
+        ``info.data``) is neither: its own errors say what is wrong."""
+        dag = info.data.get("dag", _INVALID)
+        if value is None and dag is None:
+            raise PydanticKnownError("missing")
+        if value is not None and dag is not None and dag is not _INVALID:
+            raise _pydantic_error(InvalidField("dag", "give either target or dag, not both"))
+        return value
 
     @field_validator("name")
     @classmethod
@@ -443,13 +500,17 @@ class JobPatch(_Model):
     """The body of ``PATCH /v1/jobs/{id}``: a JSON merge patch (RFC 7396) over the canonical
     :class:`JobRequest` form of the job. Absent fields are kept, ``null`` resets a field to its
     default (removes it from a map), objects are merged key by key. Shorthand as for
-    :class:`JobRequest`; a bare-string ``schedule`` changes only the cron expression."""
+    :class:`JobRequest`; a bare-string ``schedule`` changes only the cron expression. A
+    ``dag`` replaces the job's whole DAG (its ``tasks`` is a list: RFC 7396 replaces lists);
+    a job switches between ``target`` and ``dag`` with the other one set to ``null`` in the
+    same patch."""
 
     name: str | None = None
     schedule: Annotated[ScheduleIn | None, BeforeValidator(_schedule_shorthand)] = None
     run_at: str | None = None
     fire_now_if_past: bool = False
     target: Annotated[TargetPatch | None, BeforeValidator(_infer_target_type)] = None
+    dag: DagIn | None = None
     retry: RetryIn | None = None
     concurrency: Concurrency | None = None
     misfire: Annotated[MisfireIn | None, BeforeValidator(_misfire_shorthand)] = None
@@ -469,29 +530,42 @@ _NESTED_FIELDS: dict[str, list[str]] = {
     "misfire": list(MisfireIn.model_fields),
     "dst": list(DstIn.model_fields),
     "target": list(TargetPatch.model_fields),
+    "dag": list(DagIn.model_fields),
+    "dag.tasks": list(DagTaskIn.model_fields),
+    "dag.tasks.target": list(TargetPatch.model_fields),
+    "dag.tasks.retry": [*RetryIn.model_fields, "max"],
 }
+_INDEX = re.compile(r"\[\d+\]")
+_TASK_TARGET = re.compile(r"dag\.tasks\[\d+\]\.target")
 
 
 def _path(loc: Sequence[int | str]) -> str:
-    parts = [str(p) for p in loc]
-    # A discriminated union puts the tag into the location: target.http.url -> target.url.
-    if len(parts) >= 2 and parts[0] == "target" and parts[1] in _TARGET_RECORDS:
-        del parts[1]
-    return ".".join(_printable(p) for p in parts) or "body"
+    """A pydantic location as an API field path. A discriminated union puts the tag into the
+    location: target.http.url -> target.url. Under ``dag`` a list index is written as
+    ``streams.domain.dag`` writes it, dag.tasks[2].id; elsewhere as before, a part."""
+    path = ""
+    for i, part in enumerate(loc):
+        if i and loc[i - 1] == "target" and part in _TARGET_RECORDS:
+            continue
+        if isinstance(part, int) and loc[0] == "dag":
+            path += f"[{part}]"
+        else:
+            path += f".{_printable(str(part))}" if i else _printable(str(part))
+    return path or "body"
 
 
 def _message(err: Mapping[str, Any], path: str, top: Sequence[str]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         parent, _, name = path.rpartition(".")
-        known = _NESTED_FIELDS.get(parent, []) if parent else list(top)
+        known = _NESTED_FIELDS.get(_INDEX.sub("", parent), []) if parent else list(top)
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean {(parent + '.' if parent else '') + close[0]!r}?" if close else ""
         return f"unknown field {path!r}{hint}"
     if kind == "missing":
         return f"{path} is required"
     if kind == "union_tag_not_found":
-        return ("target.type is required (http, kafka or command) unless the target has a "
+        return (f"{path}.type is required (http, kafka or command) unless the target has a "
                 "url, topic or command")
     if kind == "finite_number":
         return f"{path} must be a finite number (NaN and Infinity are not allowed)"
@@ -625,8 +699,8 @@ def _check_host(host: str, field: str) -> None:
         raise InvalidField(field, f"{field} host {host!r} is a single-label (internal) name")
 
 
-def _check_url(url: str, allow_private: bool) -> None:
-    field = "target.url"
+def _check_url(url: str, allow_private: bool, base: str = "target") -> None:
+    field = f"{base}.url"
     if any(c.isspace() or not c.isprintable() or c == "\\" for c in url):
         raise InvalidField(field, f"{field} must not contain whitespace, control characters "
                                   f"or backslashes")
@@ -643,11 +717,11 @@ def _check_url(url: str, allow_private: bool) -> None:
     if parts.username is not None or parts.password is not None:
         # Parsers disagree on '@' (a classic SSRF trick) and the URL is stored and shown.
         raise InvalidField(field, f"{field} must not hold credentials; send them in "
-                                  f"target.headers (e.g. Authorization)")
+                                  f"{base}.headers (e.g. Authorization)")
     try:
         check_url(url, allow_private=allow_private, resolve=False)
     except PermanentError as exc:
-        raise InvalidField(field, exc.message) from None
+        raise InvalidField(field, _under(base, exc.message)) from None
     host = parts.hostname
     if ":" in host:  # an IPv6 literal; urlsplit has checked its syntax
         ascii_host = host
@@ -665,8 +739,9 @@ def _check_url(url: str, allow_private: bool) -> None:
             _check_host(host, field)
 
 
-def _check_headers(headers: Mapping[str, str], *, http: bool) -> dict[str, str]:
-    field = "target.headers"
+def _check_headers(headers: Mapping[str, str], *, http: bool,
+                   base: str = "target") -> dict[str, str]:
+    field = f"{base}.headers"
     if len(headers) > HEADERS_MAX:
         raise InvalidField(field, f"{field} has {len(headers)} entries; at most {HEADERS_MAX}",
                            kind="target-headers-too-many", title="Too many target headers")
@@ -723,21 +798,42 @@ def _string_map(values: Mapping[str, str], field: str, *, max_entries: int, key_
     return dict(values)
 
 
-def _http_target(t: HttpTargetIn, allow_private: bool) -> tuple[str, dict[str, Any]]:
-    _check_url(t.url, allow_private)
-    body = None if t.body is None else _utf8(t.body, "target.body")
+def _under(base: str, message: str) -> str:
+    """A message about a job's target (``target.url ...``, ``target host ...``), from the
+    domain or the registry, about the target at ``base`` instead (a DAG task's)."""
+    if base != "target" and message.startswith(("target.", "target ")):
+        return base + message[len("target"):]
+    return message
+
+
+def _domain_error(exc: PermanentError, base: str, default: str) -> InvalidField:
+    """A PermanentError about a job's target (its field ``target.*``, or ``default``) as
+    the InvalidField of the target at ``base``."""
+    field = exc.field or default
+    if field.startswith("target"):
+        field = base + field[len("target"):]
+    return InvalidField(field, _under(base, exc.message))
+
+
+def _http_target(t: HttpTargetIn, allow_private: bool,
+                 base: str = "target") -> tuple[str, dict[str, Any]]:
+    _check_url(t.url, allow_private, base)
+    field = f"{base}.body"
+    body = None if t.body is None else _utf8(t.body, field)
     if body is not None and len(body) > BODY_MAX:
-        raise InvalidField("target.body", f"target.body is {len(body)} bytes; at most {BODY_MAX}",
+        raise InvalidField(field, f"{field} is {len(body)} bytes; at most {BODY_MAX}",
                            kind="target-body-too-large", title="Target body too large")
     return "kron.HttpTarget", {
-        "method": t.method, "url": t.url, "headers": _check_headers(t.headers, http=True),
+        "method": t.method, "url": t.url,
+        "headers": _check_headers(t.headers, http=True, base=base),
         "body": body, "timeout_s": float(t.timeout_s),
     }
 
 
 def _kafka_target(t: KafkaTargetIn, topic_prefix: str, tenant: str | None = None,
-                  grants: TopicGrants | None = None) -> tuple[str, dict[str, Any]]:
-    field = "target.topic"
+                  grants: TopicGrants | None = None,
+                  base: str = "target") -> tuple[str, dict[str, Any]]:
+    field = f"{base}.topic"
     if not _TOPIC.fullmatch(t.topic) or t.topic in (".", ".."):
         raise InvalidField(field, f"{field} {t.topic!r} is not a valid Kafka topic name "
                                   f"(1..249 of A-Z a-z 0-9 . _ -)")
@@ -748,38 +844,42 @@ def _kafka_target(t: KafkaTargetIn, topic_prefix: str, tenant: str | None = None
         try:  # the tenant's own <tenant>.* topics and what KRON_KAFKA_TARGET_TOPICS grants
             grants.check(tenant, t.topic)
         except PermanentError as exc:
-            raise InvalidField(exc.field or field, exc.message) from None
-    key = None if t.key is None else _utf8(t.key, "target.key")
-    value = None if t.value is None else _utf8(t.value, "target.value")
+            raise _domain_error(exc, base, field) from None
+    key_field, value_field = f"{base}.key", f"{base}.value"
+    key = None if t.key is None else _utf8(t.key, key_field)
+    value = None if t.value is None else _utf8(t.value, value_field)
     if key is not None and len(key) > KAFKA_KEY_MAX:
-        raise InvalidField("target.key", f"target.key is {len(key)} bytes; at most "
-                                         f"{KAFKA_KEY_MAX}")
+        raise InvalidField(key_field, f"{key_field} is {len(key)} bytes; at most "
+                                      f"{KAFKA_KEY_MAX}")
     if value is not None and len(value) > BODY_MAX:
-        raise InvalidField("target.value", f"target.value is {len(value)} bytes; at most "
-                                           f"{BODY_MAX}",
+        raise InvalidField(value_field, f"{value_field} is {len(value)} bytes; at most "
+                                        f"{BODY_MAX}",
                            kind="target-body-too-large", title="Target body too large")
     return "kron.KafkaTarget", {"topic": t.topic, "key": key, "value": value,
-                                "headers": _check_headers(t.headers, http=False)}
+                                "headers": _check_headers(t.headers, http=False, base=base)}
 
 
-def _command_target(t: CommandTargetIn, tenant: str | None,
-                    commands: CommandRegistry | None) -> tuple[str, dict[str, Any]]:
+def _command_target(t: CommandTargetIn, tenant: str | None, commands: CommandRegistry | None,
+                    base: str = "target") -> tuple[str, dict[str, Any]]:
     for legacy in ("argv", "image", "cwd"):
         if getattr(t, legacy) is not None:
-            raise InvalidField(f"target.{legacy}", f"target.{legacy}: {LEGACY_COMMAND}")
+            raise InvalidField(f"{base}.{legacy}", f"{base}.{legacy}: {LEGACY_COMMAND}")
+    field = f"{base}.command"
     if not t.command:
-        raise InvalidField("target.command", "target.command must name a command the "
-                                             f"operator registered ({ENABLE_HINT})")
+        raise InvalidField(field, f"{field} must name a command the operator registered "
+                                  f"({ENABLE_HINT})")
     target = {"command": t.command, "args": dict(t.args), "env": dict(t.env),
               "timeout_s": None if t.timeout_s is None else float(t.timeout_s)}
     try:
         (commands or CommandRegistry()).resolve(tenant or "", target)
     except PermanentError as exc:
-        raise InvalidField(exc.field or "target.command", exc.message) from None
+        raise _domain_error(exc, base, field) from None
     return "kron.RegisteredCommandTarget", target
 
 
 def _default_name(kind: str, target: Mapping[str, Any]) -> str:
+    if kind == "kron.DagTarget":
+        return f"dag:{target['tasks'][0]['id']}"  # a checked id: [a-z0-9][a-z0-9_.-]{0,63}
     if kind == "kron.HttpTarget":
         parts = urlsplit(target["url"])
         name = f"{target['method']} {parts.hostname}{parts.path}"
@@ -870,13 +970,19 @@ def _check_unicode(value: Any, path: str) -> None:
             _check_unicode(item, where)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            _check_unicode(item, f"{path}.{i}")
+            _check_unicode(item, f"{path}[{i}]" if path.startswith("dag") else f"{path}.{i}")
+
+
+# What _check_text leaves to _utf8: a target's body, key and value, a DAG task's included.
+_BYTES = {"body", "key", "value"}
+_NOT_TEXT: dict[str, Any] = {"target": _BYTES}
+_NOT_TEXT_DAG: dict[str, Any] = {"dag": {"tasks": {"__all__": {"target": _BYTES}}}}
 
 
 def _check_text(req: JobRequest) -> None:
-    """Every string but the target's body/key/value (bytes, through surrogateescape: see
+    """Every string but the targets' body/key/value (bytes, through surrogateescape: see
     _utf8) must be text Avro can encode."""
-    raw = req.model_dump(exclude={"target": {"body", "key", "value"}})
+    raw = req.model_dump(exclude=_NOT_TEXT if req.dag is None else _NOT_TEXT_DAG)
     try:
         orjson.dumps(raw)  # fast path (the walk below is ~10% of a create): orjson refuses
     except orjson.JSONEncodeError:  # unpaired surrogates; the walk then names the field
@@ -913,12 +1019,38 @@ def _schedule_of(req: JobRequest) -> tuple[tuple[str, dict[str, Any]], int | Non
                                    "'0 2 * * *') or run_at for a one-off job")
 
 
-def _target_of(t: TargetIn, ctx: BuildContext) -> tuple[str, dict[str, Any]]:
+def _target_of(t: TargetIn, ctx: BuildContext, base: str = "target"
+               ) -> tuple[str, dict[str, Any]]:
+    """The Avro target of a job's ``target`` (or of the one at ``base``, a DAG task's)."""
     if isinstance(t, HttpTargetIn):
-        return _http_target(t, ctx.allow_private)
+        return _http_target(t, ctx.allow_private, base)
     if isinstance(t, KafkaTargetIn):
-        return _kafka_target(t, ctx.topic_prefix, ctx.tenant, ctx.topic_grants)
-    return _command_target(t, ctx.tenant, ctx.commands)
+        return _kafka_target(t, ctx.topic_prefix, ctx.tenant, ctx.topic_grants, base)
+    return _command_target(t, ctx.tenant, ctx.commands, base)
+
+
+def _retry_of(retry: RetryIn) -> dict[str, Any]:
+    return {"max_attempts": retry.max_attempts, "backoff": retry.backoff,
+            "base_s": float(retry.base_s), "max_s": float(retry.max_s)}
+
+
+def _dag_of(dag: DagIn, ctx: BuildContext) -> tuple[str, dict[str, Any]]:
+    """The Avro kron.DagTarget of a ``dag``. Its structure first, as the engine judges it
+    (parse_dag: ids, references, limits, trigger rules, task policies, cycles), so that a
+    graph it refuses costs no target checks; then each task's target as a job's own."""
+    tasks: list[dict[str, Any]] = [
+        {"id": t.id, "target": None, "depends_on": list(t.depends_on),
+         "trigger_rule": t.trigger_rule,
+         "retry": None if t.retry is None else _retry_of(t.retry),
+         "timeout_s": None if t.timeout_s is None else float(t.timeout_s)}
+        for t in dag.tasks]
+    try:
+        parse_dag({"tasks": tasks})
+    except PermanentError as exc:
+        raise InvalidField(exc.field or "dag", exc.message) from None
+    for i, (task, t) in enumerate(zip(tasks, dag.tasks, strict=True)):
+        task["target"] = _target_of(t.target, ctx, f"dag.tasks[{i}].target")
+    return "kron.DagTarget", {"tasks": tasks}
 
 
 def _spec_of(req: JobRequest, ctx: BuildContext) -> dict[str, Any]:
@@ -929,17 +1061,20 @@ def _spec_of(req: JobRequest, ctx: BuildContext) -> dict[str, Any]:
     end_at_ms = None if req.end_at is None else parse_time(req.end_at, "end_at")
     _check_instants(run_at_ms, start_at_ms, end_at_ms, ctx=ctx, run_at_path=run_at_path,
                     fire_now_if_past=req.fire_now_if_past)
-    target = _target_of(req.target, ctx)
+    if req.target is not None:
+        target = _target_of(req.target, ctx)
+    else:
+        assert req.dag is not None  # JobRequest._target_or_dag
+        target = _dag_of(req.dag, ctx)
     metadata = _string_map(req.metadata, "metadata", max_entries=METADATA_MAX,
                            key_max=METADATA_KEY_MAX, value_max=METADATA_VALUE_MAX,
                            total_max=METADATA_TOTAL_MAX)
-    retry, misfire = req.retry, req.misfire
+    misfire = req.misfire
     spec: dict[str, Any] = {
         "name": req.name if req.name is not None else _default_name(*target),
         "schedule": schedule,
         "target": target,
-        "retry": {"max_attempts": retry.max_attempts, "backoff": retry.backoff,
-                  "base_s": float(retry.base_s), "max_s": float(retry.max_s)},
+        "retry": _retry_of(req.retry),
         "overlap": req.concurrency,
         "misfire": {"kind": misfire.kind,
                     "late_by_s": (None if misfire.late_by_s is None
@@ -955,7 +1090,10 @@ def _spec_of(req: JobRequest, ctx: BuildContext) -> dict[str, Any]:
     try:
         plan = plan_of(spec)
     except PermanentError as exc:
-        raise InvalidField(_api_field(exc.field, run_at_path), exc.message) from None
+        field = _api_field(exc.field, run_at_path)
+        task = _TASK_TARGET.match(field)  # the engine names a task's field, not its message
+        raise InvalidField(field, _under(task.group(), exc.message) if task else exc.message
+                           ) from None
     if ctx.times:
         _check_window(plan, now_ms=ctx.now_ms, run_at_path=run_at_path)
     return spec
@@ -1029,28 +1167,13 @@ def request_of(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["schedule"] = {"cron": sched["expr"], "timezone": sched.get("timezone") or "UTC"}
     else:
         out["run_at"] = iso(sched["run_at_ms"])
-    kind, t = _tagged(spec["target"], "url", "kron.HttpTarget", None)
-    if kind is None:
-        kind = ("kron.RegisteredCommandTarget" if "command" in t else
-                "kron.CommandTarget" if "argv" in t else "kron.KafkaTarget")
-    if kind == "kron.HttpTarget":
-        out["target"] = {"type": "http", "method": t.get("method", "POST"), "url": t["url"],
-                         "headers": dict(t.get("headers") or {}), "body": _text(t.get("body")),
-                         "timeout_s": t.get("timeout_s", 30.0)}
-    elif kind == "kron.KafkaTarget":
-        out["target"] = {"type": "kafka", "topic": t["topic"], "key": _text(t.get("key")),
-                         "value": _text(t.get("value")),
-                         "headers": dict(t.get("headers") or {})}
-    elif kind == "kron.RegisteredCommandTarget":
-        out["target"] = {"type": "command", "command": t["command"],
-                         "args": dict(t.get("args") or {}), "env": dict(t.get("env") or {}),
-                         "timeout_s": t.get("timeout_s")}
-    else:  # written before commands were registered; shown as it is, never run again
-        out["target"] = {"type": "command", "argv": list(t["argv"]),
-                         "env": dict(t.get("env") or {}), "cwd": t.get("cwd"),
-                         "timeout_s": t.get("timeout_s", 300.0), "image": t.get("image")}
+    kind, t = _target_kind(spec["target"])
+    if kind == "kron.DagTarget":
+        out["dag"] = {"tasks": [_task_request(task) for task in t["tasks"]]}
+    else:
+        out["target"] = _target_request(kind, t)
     retry, mis, dst = spec["retry"], spec["misfire"], spec["dst"]
-    out["retry"] = {k: retry[k] for k in ("max_attempts", "backoff", "base_s", "max_s")}
+    out["retry"] = {k: retry[k] for k in _RETRY_KEYS}
     out["concurrency"] = spec["overlap"]
     out["misfire"] = {"kind": mis["kind"], "late_by_s": mis.get("late_by_s"),
                       "fire_all_cap": mis.get("fire_all_cap", 100)}
@@ -1062,6 +1185,47 @@ def request_of(spec: Mapping[str, Any]) -> dict[str, Any]:
     out["lease_s"] = spec.get("lease_s", 60.0)
     out["metadata"] = dict(spec.get("metadata") or {})
     return out
+
+
+def _target_kind(value: Any) -> tuple[str, dict[str, Any]]:
+    """The record name and record of a spec's target, a union value either way the codec and
+    the callers give it: a ``(name, record)`` tuple or the record alone."""
+    if isinstance(value, tuple):
+        return value[0], value[1]
+    kind = ("kron.HttpTarget" if "url" in value else
+            "kron.RegisteredCommandTarget" if "command" in value else
+            "kron.CommandTarget" if "argv" in value else
+            "kron.DagTarget" if "tasks" in value else "kron.KafkaTarget")
+    return kind, value
+
+
+def _target_request(kind: str, t: Mapping[str, Any]) -> dict[str, Any]:
+    if kind == "kron.HttpTarget":
+        return {"type": "http", "method": t.get("method", "POST"), "url": t["url"],
+                "headers": dict(t.get("headers") or {}), "body": _text(t.get("body")),
+                "timeout_s": t.get("timeout_s", 30.0)}
+    if kind == "kron.KafkaTarget":
+        return {"type": "kafka", "topic": t["topic"], "key": _text(t.get("key")),
+                "value": _text(t.get("value")), "headers": dict(t.get("headers") or {})}
+    if kind == "kron.RegisteredCommandTarget":
+        return {"type": "command", "command": t["command"], "args": dict(t.get("args") or {}),
+                "env": dict(t.get("env") or {}), "timeout_s": t.get("timeout_s")}
+    # written before commands were registered; shown as it is, never run again
+    return {"type": "command", "argv": list(t["argv"]), "env": dict(t.get("env") or {}),
+            "cwd": t.get("cwd"), "timeout_s": t.get("timeout_s", 300.0), "image": t.get("image")}
+
+
+def _task_request(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A DAG task of a spec in the request form (every field, nulls included)."""
+    retry = task.get("retry")
+    return {"id": task["id"], "target": _target_request(*_target_kind(task["target"])),
+            "depends_on": list(task.get("depends_on") or ()),
+            "trigger_rule": task.get("trigger_rule") or "all_success",
+            "retry": None if retry is None else {k: retry[k] for k in _RETRY_KEYS},
+            "timeout_s": task.get("timeout_s")}
+
+
+_RETRY_KEYS = ("max_attempts", "backoff", "base_s", "max_s")
 
 
 def _tagged(value: Any, probe: str, with_probe: str,
@@ -1082,6 +1246,63 @@ def _merge(base: Any, patch: Any) -> Any:
         else:
             out[key] = _merge(out.get(key), value)
     return out
+
+
+def _patch_schedule(merged: dict[str, Any], changes: dict[str, Any]) -> None:
+    """A patch's schedule or run_at into ``merged`` (both taken out of ``changes``)."""
+    if changes.get("schedule") is not None and changes.get("run_at") is not None:
+        raise InvalidField("run_at", "give either schedule or run_at, not both")
+    if "schedule" in changes:
+        new_sched = changes.pop("schedule")
+        if new_sched is None:
+            merged.pop("schedule", None)
+        elif new_sched.get("run_at") is not None or "run_at" in merged:
+            # A change of kind: the patch's schedule is the whole schedule.
+            merged.pop("run_at", None)
+            merged["schedule"] = {k: v for k, v in new_sched.items() if v is not None}
+        else:
+            merged["schedule"] = _merge(merged.get("schedule"), new_sched)
+    if "run_at" in changes:
+        run_at = changes.pop("run_at")
+        merged.pop("run_at", None)
+        if run_at is not None:
+            merged.pop("schedule", None)
+            merged["run_at"] = run_at
+
+
+def _patch_dag(base: dict[str, Any], merged: dict[str, Any], changes: dict[str, Any]) -> None:
+    """A patch's dag, the whole DAG, into ``merged``; on a job with a target only together
+    with ``"target": null``."""
+    if "dag" not in changes:
+        return
+    new_dag = changes.pop("dag")
+    if new_dag is None:
+        merged.pop("dag", None)
+        return
+    if "target" in base and not ("target" in changes and changes["target"] is None):
+        raise InvalidField("dag", 'this job has a target; to make it a DAG job, give '
+                                  '"target": null with the dag')
+    merged["dag"] = new_dag
+
+
+def _patch_target(base: dict[str, Any], merged: dict[str, Any],
+                  changes: dict[str, Any]) -> None:
+    """A patch's target into ``merged``: merged into the job's own, or the whole target if
+    of another type or if the job had none (a DAG job, only together with ``"dag": null``)."""
+    if "target" not in changes:
+        return
+    new_target = changes.pop("target")
+    if new_target is None:
+        merged.pop("target", None)
+    elif "target" not in base:
+        if "dag" in merged:
+            raise InvalidField("target", 'this job is a DAG job; to give it a target instead, '
+                                         'give "dag": null with the target')
+        merged["target"] = {k: v for k, v in new_target.items() if v is not None}
+    elif new_target.get("type", base["target"]["type"]) != base["target"]["type"]:
+        merged["target"] = {k: v for k, v in new_target.items() if v is not None}
+    else:
+        merged["target"] = _merge(base["target"], new_target)
 
 
 def merge_patch(
@@ -1107,48 +1328,23 @@ def merge_patch(
       replaces a one-off; ``schedule.timezone`` alone keeps the cron expression;
     * changing ``misfire.kind`` away from ``skip_if_late_by`` drops ``late_by_s``;
     * the now-relative time checks apply only to the times the patch touches, so renaming a job
-      whose one-off already ran, or whose ``end_at`` has passed, still works.
+      whose one-off already ran, or whose ``end_at`` has passed, still works;
+    * ``dag`` replaces the whole DAG; a job becomes a DAG job with ``"target": null`` and a
+      ``dag``, and a DAG job a plain one with ``"dag": null`` and a (whole) ``target``. Either
+      without the other's null is refused, naming the field given.
     """
     base = request_of(existing_spec)
     changes = patch.model_dump(exclude_unset=True, exclude={"fire_now_if_past"})
     merged = dict(base)
-
-    if changes.get("schedule") is not None and changes.get("run_at") is not None:
-        raise InvalidField("run_at", "give either schedule or run_at, not both")
-    if "schedule" in changes:
-        new_sched = changes.pop("schedule")
-        if new_sched is None:
-            merged.pop("schedule", None)
-        elif new_sched.get("run_at") is not None or "run_at" in merged:
-            # A change of kind: the patch's schedule is the whole schedule.
-            merged.pop("run_at", None)
-            merged["schedule"] = {k: v for k, v in new_sched.items() if v is not None}
-        else:
-            merged["schedule"] = _merge(merged.get("schedule"), new_sched)
-    if "run_at" in changes:
-        run_at = changes.pop("run_at")
-        merged.pop("run_at", None)
-        if run_at is not None:
-            merged.pop("schedule", None)
-            merged["run_at"] = run_at
-
-    if "target" in changes:
-        new_target = changes.pop("target")
-        old_type = base["target"]["type"]
-        if new_target is None:
-            merged.pop("target", None)
-        elif new_target.get("type", old_type) != old_type:
-            merged["target"] = {k: v for k, v in new_target.items() if v is not None}
-        else:
-            merged["target"] = _merge(base["target"], new_target)
-
+    _patch_schedule(merged, changes)
+    _patch_dag(base, merged, changes)
+    _patch_target(base, merged, changes)
     if changes.get("misfire") is not None:
         new_mis = changes.pop("misfire")
         mis = _merge(base["misfire"], new_mis)
         if mis.get("kind") != "skip_if_late_by" and "late_by_s" not in new_mis:
             mis.pop("late_by_s", None)
         merged["misfire"] = mis
-
     merged = _merge(merged, changes)
     merged["fire_now_if_past"] = patch.fire_now_if_past
 

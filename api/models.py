@@ -53,7 +53,7 @@ from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from kron.timefmt import iso
 from streams.domain.commands import ENABLE_HINT, CommandRegistry
-from streams.domain.dag import TASK_ID_PATTERN, TriggerRule, parse_dag
+from streams.domain.dag import MAX_EDGES, MAX_TASKS, TASK_ID_PATTERN, TriggerRule, parse_dag
 from streams.domain.errors import PermanentError
 from streams.domain.schedule import OneOffSchedule, bounded_next_slot, parse_cron
 from streams.domain.topics import TopicGrants
@@ -209,6 +209,9 @@ class BuildContext:
     tenant: str | None = None
     topic_grants: TopicGrants | None = None
     commands: CommandRegistry | None = None
+    # KRON_DAG_MAX_TASKS / KRON_DAG_MAX_EDGES: at most the worker's own limits.
+    dag_max_tasks: int = MAX_TASKS
+    dag_max_edges: int = MAX_EDGES
 
 
 # The type of a pydantic error that carries an InvalidField (see _in_context, invalid_of).
@@ -914,6 +917,8 @@ def build_spec(
     tenant: str | None = None,
     topic_grants: TopicGrants | None = None,
     commands: CommandRegistry | None = None,
+    dag_max_tasks: int = MAX_TASKS,
+    dag_max_edges: int = MAX_EDGES,
 ) -> dict[str, Any]:
     """The Avro ``kron.JobSpec`` for a request, validated; raises :class:`InvalidField`.
 
@@ -952,7 +957,8 @@ def build_spec(
         now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
         max_future_days=max_future_days, topic_prefix=topic_prefix,
         times=TIME_FIELDS if check_times else frozenset(), tenant=tenant,
-        topic_grants=topic_grants, commands=commands))
+        topic_grants=topic_grants, commands=commands, dag_max_tasks=dag_max_tasks,
+        dag_max_edges=dag_max_edges))
 
 
 def _check_unicode(value: Any, path: str) -> None:
@@ -1045,7 +1051,7 @@ def _dag_of(dag: DagIn, ctx: BuildContext) -> tuple[str, dict[str, Any]]:
          "timeout_s": None if t.timeout_s is None else float(t.timeout_s)}
         for t in dag.tasks]
     try:
-        parse_dag({"tasks": tasks})
+        parse_dag({"tasks": tasks}, max_tasks=ctx.dag_max_tasks, max_edges=ctx.dag_max_edges)
     except PermanentError as exc:
         raise InvalidField(exc.field or "dag", exc.message) from None
     for i, (task, t) in enumerate(zip(tasks, dag.tasks, strict=True)):
@@ -1317,6 +1323,8 @@ def merge_patch(
     tenant: str | None = None,
     topic_grants: TopicGrants | None = None,
     commands: CommandRegistry | None = None,
+    dag_max_tasks: int = MAX_TASKS,
+    dag_max_edges: int = MAX_EDGES,
 ) -> dict[str, Any]:
     """The spec after ``patch`` (a JSON merge patch over :func:`request_of` of the existing
     spec), fully re-validated by :func:`build_spec`; raises :class:`InvalidField`.
@@ -1355,7 +1363,8 @@ def merge_patch(
     return spec_in(merged, BuildContext(
         now_ms=now_ms, allow_private=allow_private, past_skew_s=past_skew_s,
         max_future_days=max_future_days, topic_prefix=topic_prefix, times=frozenset(touched),
-        tenant=tenant, topic_grants=topic_grants, commands=commands))
+        tenant=tenant, topic_grants=topic_grants, commands=commands,
+        dag_max_tasks=dag_max_tasks, dag_max_edges=dag_max_edges))
 
 
 # --- fingerprint, preview ---------------------------------------------------------------------

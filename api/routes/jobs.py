@@ -109,7 +109,8 @@ def _rules(settings: Settings, tenant: str) -> dict[str, Any]:
     """build_spec's and merge_patch's settings: what a job of `tenant` may target."""
     return {"allow_private": settings.allow_private_targets,
             "topic_prefix": settings.topic_prefix, "tenant": tenant,
-            "topic_grants": settings.topic_grants, "commands": settings.commands}
+            "topic_grants": settings.topic_grants, "commands": settings.commands,
+            "dag_max_tasks": settings.dag_max_tasks, "dag_max_edges": settings.dag_max_edges}
 
 
 def _replayed(svc: Service, tenant: str, existing: dict[str, Any], spec: dict[str, Any],

@@ -549,3 +549,19 @@ def test_the_api_creates_a_dag_job_and_refuses_a_bad_one(client: TestClient) -> 
         assert r.status_code == 422, r.text
         assert r.headers["content-type"] == "application/problem+json"
         assert r.json()["field"] == field, r.json()
+
+
+def test_the_operators_dag_limits_lower_the_workers() -> None:
+    chain = [task("t0")] + [task(f"t{i}", f"t{i - 1}") for i in range(1, 5)]
+    assert build(dag_job(*chain), dag_max_tasks=5)["target"][0] == "kron.DagTarget"
+    err = invalid(dag_job(*chain), dag_max_tasks=4)
+    assert (err.field, err.message) == ("dag.tasks", "a DAG has at most 4 tasks; got 5")
+    err = invalid(dag_job(*chain), dag_max_edges=3)
+    assert (err.field, err.message) == ("dag.tasks", "a DAG has at most 3 dependencies; got 4")
+
+
+def test_the_dag_limit_settings_can_only_lower_the_workers() -> None:
+    with pytest.raises(ValueError, match="dag_max_tasks"):
+        Settings(dag_max_tasks=501)
+    with pytest.raises(ValueError, match="dag_max_edges"):
+        Settings(dag_max_edges=5001)

@@ -12,6 +12,9 @@ direct producer's CreateJob with a cycle is dead-lettered.
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -335,3 +338,47 @@ def test_a_direct_producers_cycle_is_dead_lettered_and_a_good_dag_runs(api_stack
             assert c.get(f"/v1/jobs/{cyclic}").status_code == 404
     finally:
         commands.close()
+
+
+# --- the CLI --------------------------------------------------------------------------------
+
+
+def kron_cli(stack: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kron", "jobs", *args, "--api", stack.api.url, "--key",
+         "key-acme"], capture_output=True, text=True, timeout=120)
+
+
+def test_the_cli_creates_a_dag_job_shows_its_tasks_and_retries_its_run(api_stack,
+                                                                       tmp_path) -> None:
+    stack, url = api_stack, api_stack.receiver.url
+    slot = now_ms()
+    body = {"name": f"cli-dag-{uuid.uuid4().hex[:6]}", "run_at": iso(slot), "dag": {"tasks": [
+        api_task("extract", f"{url}/ok"),
+        api_task("load", f"{url}/status/503,200", "extract", retry=NO_RETRY),
+        api_task("notify", f"{url}/ok", "load", rule="all_done")]}}
+    (tmp_path / "dag.json").write_text(json.dumps(body))
+    created = kron_cli(stack, "create", f"@{tmp_path / 'dag.json'}", "--json")
+    assert created.returncode == 0, created.stderr
+    job_id = json.loads(created.stdout)["job_id"]
+    run_id = exec_id(job_id, slot)
+    with stack.client() as c:
+        assert run_ended(c, run_id)["state"] == "failed"
+    runs = json.loads(kron_cli(stack, "runs", job_id, "--json").stdout)["runs"]
+    assert [(r["run_id"], r["state"]) for r in runs] == [(run_id, "failed")]
+    assert runs[0]["tasks"]["succeeded"] == 2 and runs[0]["tasks"]["failed"] == 1
+    table = kron_cli(stack, "run-get", run_id)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    # The task table, in dependency order, with each task's state.
+    order = [next(i for i, line in enumerate(lines) if f" {t} " in line)
+             for t in ("extract", "load", "notify")]
+    assert order == sorted(order), table.stdout
+    assert "failed" in lines[order[1]] and "succeeded" in lines[order[2]]
+    assert kron_cli(stack, "run-cancel", run_id).returncode == 1  # not running: 409
+    retried = kron_cli(stack, "run-retry", run_id, "--json")
+    assert retried.returncode == 0, retried.stderr
+    with stack.client() as c:
+        assert wait_until(lambda: run_of(c, run_id).get("state") == "succeeded", 60)
+    load = calls(stack.receiver.hits_for(job_id), "load")
+    assert [h.headers["X-Kron-Attempt"] for h in load] == ["1", "2"]

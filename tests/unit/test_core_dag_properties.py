@@ -40,7 +40,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -441,15 +440,6 @@ def test_a_dag_run_through_the_core_follows_the_rules(case: Case, data: st.DataO
     sim.check_history()
 
 
-def rerun_waits_on_a_rerun_parent(sim: Sim) -> bool:
-    """A reset task that ran before and waits on a reset parent: the case of the bug that
-    test_a_rerun_task_that_waits_on_a_rerun_parent_runs_again shows (remove this with its
-    fix)."""
-    states = sim.states()
-    ran = {e["task_id"] for e in sim.instances()}
-    return any(s == "pending" and t in ran for t, s in states.items())
-
-
 @settings(max_examples=100)
 @given(cases(), st.data())
 def test_a_retried_run_reruns_only_what_did_not_succeed(case: Case,
@@ -460,16 +450,9 @@ def test_a_retried_run_reruns_only_what_did_not_succeed(case: Case,
         sim.retry_run()
         rounds += 1
         event(f"retried {rounds}x")
-        if rerun_waits_on_a_rerun_parent(sim):
-            event("stopped: the known rerun bug")
-            return
     sim.check_history()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: DagRuns._apply (streams/engine/runs.py) takes a released task's old instance end "
-    "(_ended, rerun=False) as this round's when the task is released after a RetryRun by "
-    "a parent's end, so a task that ran and failed before is not run again"))
 def test_a_rerun_task_that_waits_on_a_rerun_parent_runs_again() -> None:
     no_retry = retry_policy(1)
     p = Dag(T0 - MIN)

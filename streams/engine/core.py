@@ -174,6 +174,9 @@ class Dispatch:
     # A DAG task instance: the run (its slot's execution id) and the task it runs.
     run_id: str | None = None
     task_id: str | None = None
+    # The job's tier (critical, normal, batch): the executor's queue calls higher tiers
+    # first (streams/fair_dispatch.py).
+    priority: str = "normal"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

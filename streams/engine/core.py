@@ -23,7 +23,7 @@ from streams.domain.cursor import advance_cursor
 from streams.domain.errors import PermanentError
 from streams.domain.ids import event_id, exec_id, manual_exec_id
 from streams.domain.misfire import MissReason, resolve_misfire
-from streams.domain.policies import MisfireKind, Overlap
+from streams.domain.policies import MisfireKind, Overlap, Priority
 from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
 from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Trigger
@@ -176,7 +176,7 @@ class Dispatch:
     task_id: str | None = None
     # The job's tier (critical, normal, batch): the executor's queue calls higher tiers
     # first (streams/fair_dispatch.py).
-    priority: str = "normal"
+    priority: Priority = Priority.NORMAL
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -1168,7 +1168,7 @@ class PartitionCore:
             lease_until_ms=lease_until,
             # A task's end releases the next tasks: it must not wait behind other results.
             result_may_wait=plan.overlap == Overlap.ALLOW and task_id is None,
-            run_id=ex["run_id"], task_id=task_id))
+            run_id=ex["run_id"], task_id=task_id, priority=plan.priority))
 
     def _put_exec_timer(self, ex: ExecutionRecord, kind: TimerKind, due_ms: int) -> None:
         key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])

@@ -396,8 +396,9 @@ class JobRequest(_Model):
          "jitter_s": 0, "start_at": null, "end_at": null, "lease_s": 60, "metadata": {},
          "idempotency_key": "..."}
 
-    ``priority`` is the job's tier within its tenant's share of the workers: ``critical``,
-    ``normal`` or ``batch`` (a DAG's tasks take their job's).
+    ``priority`` is the job's tier, ``critical``, ``normal`` or ``batch``: a worker calls the
+    waiting attempts of a higher tier first (docs/semantics.md, Priority); a DAG's tasks take
+    their job's.
 
     A one-off job gives ``run_at`` (RFC 3339 with an offset) instead of ``schedule``
     (``schedule: {"run_at": ...}`` is accepted too), and ``fire_now_if_past: true`` to accept a
@@ -436,8 +437,9 @@ class JobRequest(_Model):
     retry: RetryIn = Field(default_factory=RetryIn)
     concurrency: Concurrency = "allow"
     priority: PriorityIn = Field(default="normal", description=(
-        "the job's tier within its tenant's share: critical ahead of normal, normal ahead "
-        "of batch (a DAG's tasks take their job's)"))
+        "the job's tier: a worker calls waiting attempts of critical jobs before normal "
+        "ones and normal before batch (a lower tier still gets 1 call in 16); a DAG's "
+        "tasks take their job's"))
     misfire: Annotated[MisfireIn, BeforeValidator(_misfire_shorthand)] = Field(
         default_factory=MisfireIn)
     dst: DstIn = Field(default_factory=DstIn)

@@ -55,9 +55,10 @@ class Backoff(StrEnum):
 
 
 class Priority(StrEnum):
-    """A job's tier (JobSpec.priority): within its tenant's share of each decision and
-    dispatch round, critical executions go ahead of normal ones, normal ahead of batch. A
-    DAG's tasks take their job's. Avro's kron.Priority has the same symbols."""
+    """A job's tier (JobSpec.priority): a worker calls waiting attempts of critical jobs
+    before normal ones and normal before batch, and within a tier shares among tenants by
+    weight (streams.fair_dispatch). A DAG's tasks take their job's. Avro's kron.Priority has
+    the same symbols."""
 
     CRITICAL = "critical"
     NORMAL = "normal"

@@ -3,7 +3,7 @@
 The file::
 
     [defaults]                # for tenants not listed; every key optional
-    weight = 1                # share of each decision and dispatch round (1..1000)
+    weight = 1                # share of a worker's dispatches (1..1000)
     max_running = 1000        # its executions running at once (a worker splits it across
                               # the partitions it owns)
     dispatch_rate_per_s = 0   # dispatches a second, a token bucket per tenant in each

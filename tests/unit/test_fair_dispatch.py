@@ -14,10 +14,14 @@ from typing import Any
 import pytest
 
 from kron.clock import ManualClock, SystemClock
-from streams.engine.core import Dispatch
+from streams.domain.policies import Priority
+from streams.domain.tenants import TenantTable
+from streams.engine.core import Context, Dispatch, PartitionCore
+from streams.engine.store import MemoryStore
 from streams.executor import Executor
 from streams.fair_dispatch import LOWER_TIER_SHARE, FairQueue, TokenBucket
 from streams.targets import AttemptInfo, Outcome
+from tests.support.stack import spec
 
 
 @dataclass(frozen=True)
@@ -310,9 +314,10 @@ class Recorder:
 
 def attempt(exec_id: str, tenant: str = "t", priority: str = "normal",
             lease_s: float = 30.0) -> Dispatch:
+    """An attempt as the core dispatches it (its priority a Priority)."""
     return Dispatch(exec_id=exec_id, job_id="j", tenant=tenant, scheduled_for_ms=0, attempt=1,
                     fencing_token=1, target={"topic": "x"}, lease_s=lease_s,
-                    priority=priority)
+                    priority=Priority(priority))
 
 
 def test_the_executor_calls_critical_first_and_counts_throttled_apart() -> None:
@@ -498,3 +503,55 @@ def test_a_rebalance_takes_out_the_attempts_of_partitions_no_longer_owned() -> N
     ex.submit(attempt("s6", tenant="slow"), 0)  # the emptied lane takes attempts again
     clock.advance(1.0)
     assert [job.dispatch.exec_id for job in drain(queue)] == ["s6"]
+
+
+# --- with the real tenants table and the real core ---------------------------------------------
+
+
+def test_the_tenants_files_weights_and_rates_drive_the_queue() -> None:
+    table = TenantTable.from_toml("""
+[defaults]
+weight = 1
+
+[tenants.acme]
+weight = 3
+
+[tenants.slow]
+dispatch_rate_per_s = 8
+""")
+    clock = ManualClock()
+    q: FairQueue[str] = FairQueue(tenants=table, clock=clock, partitions=8, owned_partitions=4)
+    for _ in range(4000):
+        for tenant in ("acme", "other", "slow"):
+            q.put(tenant, tenant)
+    picks = Counter(drain(q, 404))
+    assert picks["slow"] == 4  # 8/s x 4/8 partitions: a second's worth banked
+    assert (picks["acme"], picks["other"]) == (300, 100)
+    drain(q)
+    clock.advance(0.5)
+    assert drain(q) == ["slow"] * 2
+    clock.advance(10.0)
+    assert drain(q) == ["slow"] * 4  # at most a second's worth
+
+
+def test_the_core_dispatches_with_the_jobs_priority() -> None:
+    core = PartitionCore(MemoryStore())
+    now = 1_700_000_000_000
+
+    def ctx(n: int) -> Context:
+        return Context(now_ms=now, causation_id=f"ev-{n}", worker="w", epoch=1,
+                       incarnation="p")
+
+    for n, tier in enumerate(["critical", "batch", None]):
+        fields = {} if tier is None else {"priority": tier}
+        record = {
+            "envelope": {"event_id": f"c{n}", "event_type": "job.create_requested",
+                         "schema_version": 1, "occurred_at_ms": now, "tenant": "acme",
+                         "causation_id": None, "correlation_id": None, "producer": "tests"},
+            "command_id": f"c{n}", "job_id": f"j{n}", "idempotency_key": None,
+            "spec": spec(target={"url": "http://target.invalid/"}, run_at_ms=now, **fields),
+        }
+        core.on_command("kron.commands.CreateJob", record, ctx(n))
+    effects, _ = core.on_tick(ctx(9))
+    got = {d.job_id: d.priority for d in effects if isinstance(d, Dispatch)}
+    assert got == {"j0": Priority.CRITICAL, "j1": Priority.BATCH, "j2": Priority.NORMAL}

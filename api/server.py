@@ -19,12 +19,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import Authenticator, RateLimiter
 from api.batcher import MAX_PARTITIONS, CreateBatcher
+from api.metrics import install_metrics
 from api.models import InvalidField
 from api.problems import Problem, on_http, on_invalid_field, on_problem, on_validation
 from api.projection import Projector, Views
 from api.publisher import CommandPublisher
 from api.routes import Service, include_routes, new_id
 from api.routes.responses import Problem as ProblemDoc
+from api.ui import include_ui
 from kron.clock import Clock, SystemClock
 from kron.settings import Settings
 from kron.topics import admin_client
@@ -189,6 +191,8 @@ def create_app(settings: Settings, *, components: Components | None = None,
                       creates=creates, probe=parts.probe)
     app.state.service = service
     include_routes(app)
+    include_ui(app)
+    install_metrics(app, settings)
     _document_problems(app)
     return app
 

@@ -1,0 +1,169 @@
+"""Fair decisions: which due timers one round of a tick decides, when more are due than it
+takes.
+
+The timer index is split into lanes, one per (tier, tenant) (streams.domain.timer). A round
+of `limit` timers takes the system lane's due timers first (leases, held attempts: cheap,
+and never to wait behind a flood), then the legacy lane's (keys from before lanes), then
+tier by tier (critical, normal, batch); within a tier, the tenants' lanes share the round
+in weighted fair turns: start-time fair queueing, each lane's k-th timer of the tick
+tagged start + k / weight, the smallest tag taken next. A lane with w of the Σw of the
+tier's lanes that have timers due gets limit * w / Σw of the round (±1), whatever it
+holds; what a lane does not use goes to the others. Within a lane, due order.
+
+The turns carry over the chunks of one tick (Context.fair), so a tick of many small
+rounds shares like one round; ties between equal tags go by the lanes' tenant hashes
+scrambled by the tick's time, so the same lanes do not always come first. Nothing here
+reads a clock or draws a random number: the same store and tick decide the same.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+
+from streams.domain.timer import LEGACY_LANE, SYSTEM_LANE, Lane, Tier, tenant_hash
+from streams.engine.spec import JobPlan
+
+TimerItem = tuple[bytes, bytes]
+# A lane with due timers, as PartitionStore.due_lanes gives it: the timers in due order.
+DueLane = tuple[Lane, Generator[TimerItem]]
+
+
+def tier_of(plan: JobPlan) -> Tier:
+    """The tier of a job's timers. Every job is `normal` until JobPlan has a priority
+    (then: TIER_OF_PRIORITY[plan.priority])."""
+    return Tier.NORMAL
+
+
+TIER_OF_PRIORITY: Mapping[str, Tier] = {
+    "critical": Tier.CRITICAL, "normal": Tier.NORMAL, "batch": Tier.BATCH}
+
+
+LaneWeight = Callable[[Lane], float]
+
+
+class TenantWeights:
+    """Tenants' weights, by lane: a lane names its tenant by hash only, so the weights are
+    looked up by the hashes of the tenants that have one. Any other tenant weighs
+    `default`. Weights are settings (every owner must use the same ones, or replays would
+    share rounds differently)."""
+
+    def __init__(self, weights: Mapping[str, float] | None = None, *,
+                 default: float = 1.0) -> None:
+        for tenant, weight in (weights or {}).items():
+            if not weight > 0:
+                raise ValueError(f"tenant {tenant!r}: a weight must be positive, not {weight}")
+        if not default > 0:
+            raise ValueError(f"the default weight must be positive, not {default}")
+        self._by_hash = {tenant_hash(t): float(w) for t, w in (weights or {}).items()}
+        self._default = float(default)
+
+    def __call__(self, lane: Lane) -> float:
+        return self._by_hash.get(lane.tenant, self._default)
+
+
+EQUAL_WEIGHTS: LaneWeight = TenantWeights()
+
+
+@dataclass(slots=True)
+class FairState:
+    """The turns of one tick so far: per tier, the virtual time (the tag last taken) and
+    the lanes the last round left timers in; per lane, [start tag, timers taken since,
+    weight]."""
+
+    vtime: dict[int, float] = field(default_factory=dict)
+    waiting: dict[int, set[bytes]] = field(default_factory=dict)
+    lanes: dict[bytes, list[float]] = field(default_factory=dict)
+
+
+class _Reader:
+    """A lane's due timers, one looked at ahead (`head`, None once there are no more)."""
+
+    __slots__ = ("gen", "head", "lane")
+
+    def __init__(self, lane: Lane, gen: Generator[TimerItem]) -> None:
+        self.lane = lane
+        self.gen = gen
+        self.head: TimerItem | None = next(gen, None)
+
+    def take(self, n: int) -> list[TimerItem]:
+        head = self.head
+        if head is None or n <= 0:
+            return []
+        out = [head]
+        if n > 1:
+            out += itertools.islice(self.gen, n - 1)
+        self.head = next(self.gen, None) if len(out) == n else None
+        return out
+
+    def pop(self) -> TimerItem:
+        item = self.head
+        assert item is not None
+        self.head = next(self.gen, None)
+        return item
+
+
+def _order(lane: Lane) -> tuple[int, int, int]:
+    # The system lane first, then the legacy lane (both system tier), then by tier.
+    return (lane.tier, 0 if lane == SYSTEM_LANE else 1 if lane == LEGACY_LANE else 2,
+            lane.tenant)
+
+
+def pick(lanes: list[DueLane], limit: int, *, weight: LaneWeight = EQUAL_WEIGHTS,
+         state: FairState | None = None, rotation: int = 0) -> tuple[list[TimerItem], bool]:
+    """The timers one round decides, in the order to decide them, and whether any due
+    timer was left. `lanes` are the lanes with due timers (each at least one); the caller
+    closes their generators. `state` carries the turns over the rounds of one tick;
+    `rotation` (the tick's time) scrambles the ties."""
+    readers = sorted((_Reader(lane, gen) for lane, gen in lanes), key=lambda r: _order(r.lane))
+    out: list[TimerItem] = []
+    for tier, group in itertools.groupby(readers, key=lambda r: r.lane.tier):
+        room = limit - len(out)
+        if room <= 0:
+            break
+        tier_readers = list(group)
+        if tier == Tier.SYSTEM or len(tier_readers) == 1:
+            for r in tier_readers:
+                out += r.take(limit - len(out))
+        else:
+            _turns(tier, tier_readers, room, out, weight,
+                   state if state is not None else FairState(), _mask(rotation))
+    return out, any(r.head is not None for r in readers)
+
+
+def _mask(rotation: int) -> int:
+    return (rotation * 0x9E3779B1) & 0xFFFFFFFF
+
+
+def _turns(tier: int, readers: list[_Reader], room: int, out: list[TimerItem],
+           weight: LaneWeight, state: FairState, mask: int) -> None:
+    """Start-time fair queueing over one tier's lanes, `room` timers at most."""
+    vtime = state.vtime.get(tier, 0.0)
+    waiting = state.waiting.get(tier, set())
+    heap: list[tuple[float, int, int]] = []
+    tags: list[list[float]] = []
+    for i, r in enumerate(readers):
+        tag = state.lanes.get(r.lane.prefix)
+        # A lane new to the tick, or with nothing due when the last round ended: it starts
+        # now, with no credit for the turns it did not need. One the last round left
+        # timers in goes on from its last turn.
+        if tag is None or r.lane.prefix not in waiting:
+            tag = state.lanes[r.lane.prefix] = [vtime, 0, weight(r.lane)]
+        tags.append(tag)
+        heap.append((tag[0] + (tag[1] + 1) / tag[2], r.lane.tenant ^ mask, i))
+    heapq.heapify(heap)
+    while room and heap:
+        finish, tie, i = heap[0]
+        r, tag = readers[i], tags[i]
+        out.append(r.pop())
+        room -= 1
+        tag[1] += 1
+        vtime = finish
+        if r.head is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (tag[0] + (tag[1] + 1) / tag[2], tie, i))
+    state.vtime[tier] = vtime
+    state.waiting[tier] = {r.lane.prefix for r in readers if r.head is not None}

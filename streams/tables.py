@@ -20,7 +20,7 @@ from faust.types import TP
 
 from streams.changelog import Changelog
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
-from streams.domain.timer import lane_prefix_of
+from streams.engine.lane_floors import LaneFloors
 from streams.runtime.stores import StoreTable
 
 # (topic, partition, first offset, end offset) -> the records in that range, in order.
@@ -28,56 +28,34 @@ GapReader = Callable[[str, int, int, int], list[Any]]
 
 
 class KeyFloor:
-    """Per partition of a timers table: its lanes (streams.domain.timer) and, per lane, a
-    key that no live key of the lane sorts below.
+    """Per partition of a timers table: its lanes, each with a key that no live key of the
+    lane sorts below (streams.engine.lane_floors.LaneFloors says why).
 
-    A lane is a queue: fired timers are deleted from its front, and RocksDB keeps their
-    tombstones until compaction. A seek into the lane from its first key steps over all of
-    them: 8 ms per seek with 190k tombstones, measured. Seeking from the lane's floor skips
-    them, and the floor's due time bounds the lane's: a lane whose floor is not due has
-    nothing due, and is not read at all. Every write that can add a key lowers its lane's
-    floor (our puts and every changelog batch a restore or standby applies), or adds the
-    lane; a scan raises a floor to the first live key it finds, and drops a lane it finds
-    empty. Unknown (None) until the first scan after a reset has found the lanes by
-    skip-scan (faust_store.lanes); writes until then change nothing here.
+    Every write that can add a key lowers its lane's floor (our puts and every changelog
+    batch a restore or standby applies), or adds the lane; a scan raises a floor to the
+    first live key it finds, and drops a lane it finds empty. Unknown (None) until the
+    first scan after a reset has found the lanes by skip-scan (faust_store.lanes); writes
+    until then change nothing here.
     """
 
     def __init__(self) -> None:
-        self._lanes: dict[int, dict[bytes, bytes]] = {}
+        self._lanes: dict[int, LaneFloors] = {}
 
-    def lanes(self, partition: int) -> dict[bytes, bytes] | None:
-        """Lane prefix -> floor, for every lane holding a live key; None if not known."""
+    def lanes(self, partition: int) -> LaneFloors | None:
+        """The partition's lanes, or None if not known."""
         return self._lanes.get(partition)
 
-    def know(self, partition: int, lanes: dict[bytes, bytes]) -> None:
+    def know(self, partition: int, lanes: LaneFloors) -> None:
         """Every lane holding a live key, each with its first key (a skip-scan's finding)."""
         self._lanes[partition] = lanes
 
     def lower(self, partition: int, key: bytes) -> None:
         lanes = self._lanes.get(partition)
-        if lanes is None:
-            return
-        prefix = lane_prefix_of(key)
-        if prefix is None:
-            return
-        current = lanes.get(prefix)
-        if current is None or key < current:
-            lanes[prefix] = key
+        if lanes is not None:
+            lanes.lower(key)
 
     def reset(self) -> None:
         self._lanes.clear()
-
-    def raise_to(self, partition: int, prefix: bytes, key: bytes) -> None:
-        """Nothing live in the lane sorts below `key`: the caller just scanned up to it."""
-        lanes = self._lanes.get(partition)
-        if lanes is not None and prefix in lanes and key > lanes[prefix]:
-            lanes[prefix] = key
-
-    def drop(self, partition: int, prefix: bytes) -> None:
-        """The lane holds no live key: the caller just scanned it from its floor."""
-        lanes = self._lanes.get(partition)
-        if lanes is not None:
-            lanes.pop(prefix, None)
 
 
 log = logging.getLogger("kron.tables")

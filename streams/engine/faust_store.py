@@ -8,6 +8,7 @@ access is read-only and never held across an await, because a rebalance may clos
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 from collections import OrderedDict
@@ -26,6 +27,7 @@ from streams.domain.timer import (
     lane_of_prefix,
     lane_prefix_of,
 )
+from streams.engine.lane_floors import LaneFloors
 from streams.engine.records import ExecutionRecord, JobRecord
 from streams.engine.store import TERMINAL, RecordCopier, copy_record, record_copier
 
@@ -39,14 +41,14 @@ def job_encoder() -> codec.SplicedEncoder:
     return codec.SplicedEncoder(JOB_STATE, "spec")
 
 
-def lanes(table: Any, partition: int) -> dict[bytes, bytes]:
-    """Lane prefix -> a key no live key of the lane sorts below, for every lane of the
-    partition's timers that holds a live key: the table's key floor (streams.tables.KeyFloor)
-    if it knows them, else found by skip-scan and given to it. The skip-scan seeks to the
-    smallest key, whose prefix names a lane, then to the first key past that lane, and so
-    on: one seek a lane (each stepping over the tombstones at its lane's front once)."""
+def lanes(table: Any, partition: int) -> LaneFloors:
+    """Every lane of the partition's timers that holds a live key, each with its floor: the
+    table's key floor (streams.tables.KeyFloor) if it knows them, else found by skip-scan
+    and given to it. The skip-scan seeks to the smallest key, whose prefix names a lane,
+    then to the first key past that lane, and so on: one seek a lane (each stepping over
+    the tombstones at its lane's front once)."""
     floor = getattr(table, "floor", None)
-    known: dict[bytes, bytes] | None = floor.lanes(partition) if floor is not None else None
+    known: LaneFloors | None = floor.lanes(partition) if floor is not None else None
     if known is not None:
         return known
     found: dict[bytes, bytes] = {}
@@ -59,24 +61,21 @@ def lanes(table: Any, partition: int) -> dict[bytes, bytes]:
             break
         found[prefix] = key
         it.seek(lane_end(prefix))
+    known = LaneFloors(found)
     if floor is not None:
-        floor.know(partition, found)
-    return found
+        floor.know(partition, known)
+    return known
 
 
-def _first_in_lane(table: Any, partition: int, it: Any, prefix: bytes,
-                   floor_key: bytes) -> bytes | None:
+def _first_in_lane(known: LaneFloors, it: Any, prefix: bytes, floor_key: bytes) -> bytes | None:
     """The lane's first live key, from its floor (raised to it), or None (the lane is
     dropped): `it` is left on that key."""
     it.seek(floor_key)
     key = bytes(it.key()) if it.valid() else None
-    floor = getattr(table, "floor", None)
     if key is None or key >= lane_end(prefix):
-        if floor is not None:
-            floor.drop(partition, prefix)
+        known.drop(prefix)
         return None
-    if floor is not None:
-        floor.raise_to(partition, prefix, key)
+    known.raise_to(prefix, key)
     return key
 
 
@@ -89,9 +88,9 @@ def due_lanes(table: Any, partition: int,
     db = table.partition_db(partition)
     known = lanes(table, partition)
     out = []
-    for prefix in sorted([p for p, f in known.items() if due_of(f) <= now_ms]):
+    for prefix in known.due(now_ms):
         it = db.iter()
-        key = _first_in_lane(table, partition, it, prefix, known[prefix])
+        key = _first_in_lane(known, it, prefix, cast(bytes, known.get(prefix)))
         if key is None:
             continue
         upper = due_bound(prefix, now_ms)
@@ -113,30 +112,43 @@ def _read_lane(it: Any, key: bytes, upper: bytes) -> Generator[tuple[bytes, byte
 
 
 def first_timer_key(table: Any, partition: int) -> bytes | None:
-    """The earliest-due timer of a partition, or None: a seek per lane at most, the lanes
-    taken by their floors' due times (each a bound on the lane's) until none can be
-    earlier than the one found."""
+    """The earliest-due timer of a partition, or None: the lanes taken by their floors'
+    due times (each a bound on the lane's), a seek each, until none can be earlier than
+    the one found."""
     known = lanes(table, partition)
     db = table.partition_db(partition)
     best: bytes | None = None
     best_due = 0
-    for prefix, floor_key in sorted(known.items(), key=lambda kv: due_of(kv[1])):
-        if best is not None and due_of(floor_key) > best_due:
-            break
-        key = _first_in_lane(table, partition, db.iter(), prefix, floor_key)
-        if key is not None and (best is None or due_order((key, b"")) < due_order((best, b""))):
-            best, best_due = key, due_of(key)
+    with contextlib.closing(known.ascending()) as ascending:
+        for floor_due, prefix in ascending:
+            if best is not None and floor_due > best_due:
+                break
+            key = _first_in_lane(known, db.iter(), prefix, cast(bytes, known.get(prefix)))
+            if key is not None and (best is None
+                                    or due_order((key, b"")) < due_order((best, b""))):
+                best, best_due = key, due_of(key)
     return best
 
 
 def first_timer_after(table: Any, partition: int, after_ms: int) -> bytes | None:
-    """The earliest timer due after `after_ms`, or None. A seek per lane at most."""
-    for key, _ in _merged(table, partition, after_ms, _MAX_DUE, None):
-        return key
-    return None
-
-
-_MAX_DUE = 2**64 - 1
+    """The earliest timer due after `after_ms`, or None: a seek per lane at most, the
+    lanes taken by their floors' due times until none can be earlier than the one found."""
+    known = lanes(table, partition)
+    db = table.partition_db(partition)
+    best: bytes | None = None
+    best_due = 0
+    with contextlib.closing(known.ascending()) as ascending:
+        for floor_due, prefix in ascending:
+            if best is not None and floor_due > best_due:
+                break
+            it = db.iter()
+            it.seek(max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix))))
+            key = bytes(it.key()) if it.valid() else None
+            if key is None or key >= lane_end(prefix):
+                continue
+            if best is None or due_order((key, b"")) < due_order((best, b"")):
+                best, best_due = key, due_of(key)
+    return best
 
 
 def fire_dues(table: Any, partition: int, after_ms: int, until_ms: int,
@@ -145,11 +157,10 @@ def fire_dues(table: Any, partition: int, after_ms: int, until_ms: int,
     earliest. Keys only: a spike's thousands of timers are counted, not read."""
     dues: list[int] = []
     db = table.partition_db(partition)
-    for prefix, floor_key in lanes(table, partition).items():
-        if due_of(floor_key) > until_ms:
-            continue
+    known = lanes(table, partition)
+    for prefix in known.due(until_ms):
         it = db.iter()
-        it.seek(max(due_bound(prefix, after_ms), floor_key))
+        it.seek(max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix))))
         upper = due_bound(prefix, until_ms)
         found = 0
         while it.valid() and found < limit:
@@ -177,13 +188,13 @@ def _lane_range(it: Any, lower: bytes, upper: bytes) -> Generator[tuple[bytes, b
 def _merged(table: Any, partition: int, after_ms: int, until_ms: int,
             start: Mapping[bytes, bytes] | None) -> Generator[tuple[bytes, bytes]]:
     """Timers due in (after_ms, until_ms] of every lane, in due order (heapq.merge of the
-    lanes: one iterator each, reading the snapshot of its creation)."""
+    lanes whose floor is due by until_ms: an iterator each, reading the snapshot of its
+    creation)."""
     db = table.partition_db(partition)
+    known = lanes(table, partition)
     runs = []
-    for prefix, floor_key in sorted(lanes(table, partition).items()):
-        if due_of(floor_key) > until_ms:
-            continue
-        lower = max(due_bound(prefix, after_ms), floor_key)
+    for prefix in known.due(until_ms):
+        lower = max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix)))
         if start and prefix in start:
             lower = max(lower, start[prefix])
         runs.append(_lane_range(db.iter(), lower, due_bound(prefix, until_ms)))

@@ -29,6 +29,7 @@ from streams.engine.faust_store import (
     first_timer_key,
     lanes,
 )
+from streams.engine.lane_floors import LaneFloors
 from streams.engine.store import MemoryStore
 from streams.runtime import OFFSET_KEY
 from streams.tables import KeyFloor
@@ -130,15 +131,15 @@ def test_a_lane_emptied_is_dropped_and_found_again_when_written(tmp_path: Path) 
                 for d in (10, 20)]
         for key in keys:
             table.write(0, key, b"{}", 1)
-        assert lanes(table, 0) == {lane.prefix: keys[0]}
+        assert dict(lanes(table, 0).items()) == {lane.prefix: keys[0]}
         [(found, gen)] = due_lanes(table, 0, 15)
         assert found == lane and [k for k, _ in gen] == keys[:1]
         table.write(0, keys[0], None, 1)
         assert due_lanes(table, 0, 15) == []  # raised past the tombstone to keys[1]
-        assert table.floor.lanes(0) == {lane.prefix: keys[1]}
+        assert dict(table.floor.lanes(0).items()) == {lane.prefix: keys[1]}
         table.write(0, keys[1], None, 1)
         assert due_lanes(table, 0, 25) == []
-        assert table.floor.lanes(0) == {}
+        assert len(table.floor.lanes(0)) == 0
         again = encode_timer_key(due_ms=5, kind=TimerKind.FIRE, job_id="j", ref="", lane=lane)
         table.write(0, again, b"{}", 1)
         assert [lane for lane, _ in due_lanes(table, 0, 5)] == [lane]
@@ -194,3 +195,38 @@ def test_skip_scan_makes_a_seek_per_lane(tmp_path: Path) -> None:
         table.db = real
     finally:
         real.close()
+
+
+ops_st = st.lists(st.tuples(st.sampled_from(["lower", "raise", "drop", "due", "asc"]),
+                            st.sampled_from(LANES[1:]), st.integers(0, 100)), max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops_st)
+def test_lane_floors_find_the_due_lanes_as_a_scan_of_every_lane_would(
+        ops: list[tuple[str, Lane, int]]) -> None:
+    floors, model = LaneFloors(), {}
+    for op, lane, due in ops:
+        key = encode_timer_key(due_ms=due, kind=TimerKind.FIRE, job_id="j", ref="", lane=lane)
+        if op == "lower":
+            floors.lower(key)
+            if lane.prefix not in model or key < model[lane.prefix]:
+                model[lane.prefix] = key
+        elif op == "raise":
+            floors.raise_to(lane.prefix, key)
+            if lane.prefix in model and key > model[lane.prefix]:
+                model[lane.prefix] = key
+        elif op == "drop":
+            floors.drop(lane.prefix)
+            model.pop(lane.prefix, None)
+        elif op == "due":
+            assert floors.due(due) == sorted(p for p, k in model.items() if due_of(k) <= due)
+        else:
+            gen = floors.ascending()
+            got = [next(gen) for _ in range(min(len(model), due % 4))]
+            gen.close()
+            want = sorted((due_of(k), p) for p, k in model.items())
+            assert sorted(got) == want[:len(got)] and [d for d, _ in got] == [
+                d for d, _ in want[:len(got)]]
+        assert dict(floors.items()) == model
+    assert sorted(floors.ascending()) == sorted((due_of(k), p) for p, k in model.items())

@@ -94,12 +94,20 @@ def tenant_lane(tenant: str, tier: int) -> Lane:
     return Lane(tier, tenant_hash(tenant))
 
 
-@functools.lru_cache(maxsize=1 << 14)
+# Lanes by prefix, as decode_timer_key reads them (a dict: an lru_cache call costs more).
+_LANES: dict[bytes, Lane] = {}
+
+
 def lane_of_prefix(prefix: bytes) -> Lane:
     """The lane a prefix (lane_prefix_of) names."""
-    if prefix == LEGACY_PREFIX:
-        return LEGACY_LANE
-    return Lane(prefix[1], int.from_bytes(prefix[2:LANE_BYTES], "big"))
+    lane = _LANES.get(prefix)
+    if lane is None:
+        if prefix == LEGACY_PREFIX:
+            return LEGACY_LANE
+        if len(_LANES) >= 1 << 16:
+            _LANES.clear()
+        lane = _LANES[prefix] = Lane(prefix[1], int.from_bytes(prefix[2:LANE_BYTES], "big"))
+    return lane
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,6 +119,16 @@ class TimerKey:
     lane: Lane = SYSTEM_LANE
 
 
+# A kind's byte and a byte's kind, looked up: TimerKind(value) costs ~1 us (EnumType's
+# __call__), and a timer's key is encoded and decoded once or more per execution.
+_KIND_BYTE: dict[int, bytes] = {kind: bytes((kind,)) for kind in TimerKind}
+_KIND_OF: dict[int, TimerKind] = {int(kind): kind for kind in TimerKind}
+# TimerKey's slots' own setters (spec._PLAN_SETTERS says why): a frozen dataclass's
+# __init__ sets each through object.__setattr__.
+_SET_KEY = tuple(getattr(TimerKey, name).__set__
+                 for name in ("due_ms", "kind", "job_id", "ref", "lane"))
+
+
 def encode_timer_key(*, due_ms: int, kind: TimerKind, job_id: str, ref: str,
                      lane: Lane) -> bytes:
     """The key of a timer in `lane`. LEGACY_LANE gives the layout from before lanes, which
@@ -119,18 +137,19 @@ def encode_timer_key(*, due_ms: int, kind: TimerKind, job_id: str, ref: str,
         raise ValueError(f"due_ms must be in 0..2**64-1; got {due_ms}")
     if "\x00" in job_id:
         raise ValueError("job_id must not contain NUL: it terminates the job_id in timer keys")
-    kind = TimerKind(kind)
-    if lane.tenant == -1:
+    kind_byte = _KIND_BYTE.get(kind)
+    if kind_byte is None:
+        raise ValueError(f"not a timer kind: {kind!r}")
+    head = lane.prefix
+    if head == LEGACY_PREFIX:
         if due_ms >> 56:
             raise ValueError("a legacy key's due_ms must be below 2**56")
         head = b""
-    else:
-        head = lane.prefix
     return b"".join(
         (
             head,
             due_ms.to_bytes(_DUE_BYTES, "big"),
-            bytes((kind,)),
+            kind_byte,
             job_id.encode("utf-8"),
             b"\x00",
             ref.encode("utf-8"),
@@ -139,9 +158,10 @@ def encode_timer_key(*, due_ms: int, kind: TimerKind, job_id: str, ref: str,
 
 
 def decode_timer_key(key: bytes) -> TimerKey:
-    if key[:1] == b"\x01":
+    tag = key[:1]
+    if tag == b"\x01":
         start, lane = LANE_BYTES, lane_of_prefix(key[:LANE_BYTES])
-    elif key[:1] == LEGACY_PREFIX:
+    elif tag == LEGACY_PREFIX:
         start, lane = 0, LEGACY_LANE
     else:
         raise ValueError(f"not a timer key: {key!r}")
@@ -149,13 +169,17 @@ def decode_timer_key(key: bytes) -> TimerKey:
     sep = key.find(b"\x00", header)
     if len(key) <= header or sep < 0:
         raise ValueError(f"not a timer key: {key!r}")
-    return TimerKey(
-        due_ms=int.from_bytes(key[start:start + _DUE_BYTES], "big"),
-        kind=TimerKind(key[start + _DUE_BYTES]),
-        job_id=key[header:sep].decode("utf-8"),
-        ref=key[sep + 1:].decode("utf-8"),
-        lane=lane,
-    )
+    kind = _KIND_OF.get(key[start + _DUE_BYTES])
+    if kind is None:
+        raise ValueError(f"not a timer key (kind {key[start + _DUE_BYTES]}): {key!r}")
+    tk = object.__new__(TimerKey)
+    set_due, set_kind, set_job, set_ref, set_lane = _SET_KEY
+    set_due(tk, int.from_bytes(key[start:start + _DUE_BYTES], "big"))
+    set_kind(tk, kind)
+    set_job(tk, key[header:sep].decode("utf-8"))
+    set_ref(tk, key[sep + 1:].decode("utf-8"))
+    set_lane(tk, lane)
+    return tk
 
 
 def kind_of(key: bytes) -> int:

@@ -81,22 +81,30 @@ def _first_in_lane(known: LaneFloors, it: Any, prefix: bytes, floor_key: bytes) 
 
 def due_lanes(table: Any, partition: int,
               now_ms: int) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
-    """The lanes with timers due at or before now_ms, in key order, each with a reader of
-    its due timers. A lane whose floor is not due is not read. Lanes are looked at (and
-    floors raised) here, before the caller writes anything: a floor must never be raised
-    past a key written after the iterator that found it was made."""
+    """The lanes whose floors are due at or before now_ms, in key order, each with a lazy
+    reader of its due timers (which may find none: a floor is a bound). A lane is only
+    sought when its reader is first read, so a round that takes from a few of many lanes
+    seeks those few. Readers raise and drop floors: the caller reads them before it writes
+    anything, as a floor must never be raised past a key written after the iterator that
+    found it was made."""
     db = table.partition_db(partition)
     known = lanes(table, partition)
-    out = []
-    for prefix in known.due(now_ms):
-        it = db.iter()
-        key = _first_in_lane(known, it, prefix, cast(bytes, known.get(prefix)))
-        if key is None:
-            continue
-        upper = due_bound(prefix, now_ms)
-        if key < upper:
-            out.append((lane_of_prefix(prefix), _read_lane(it, key, upper)))
-    return out
+    return [(lane_of_prefix(prefix), _due_in_lane(db, known, prefix, now_ms))
+            for prefix in known.due(now_ms)]
+
+
+def _due_in_lane(db: Any, known: LaneFloors, prefix: bytes,
+                 now_ms: int) -> Generator[tuple[bytes, bytes]]:
+    floor_key = known.get(prefix)
+    if floor_key is None:
+        return
+    it = db.iter()
+    key = _first_in_lane(known, it, prefix, floor_key)
+    if key is None:
+        return
+    upper = due_bound(prefix, now_ms)
+    if key < upper:
+        yield from _read_lane(it, key, upper)
 
 
 def _read_lane(it: Any, key: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:

@@ -128,9 +128,10 @@ class PartitionStore(Protocol):
         ...
 
     def due_lanes(self, now_ms: int) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
-        """The lanes (streams.domain.timer) holding timers due at or before now_ms, in key
-        order, each with a lazy reader of its due timers in due order (at least one). The
-        caller reads them before it writes a timer, and closes them."""
+        """The lanes (streams.domain.timer) that may hold timers due at or before now_ms
+        (every lane that does, perhaps others), in key order, each with a lazy reader of
+        its due timers in due order. The caller reads them before it writes a timer, and
+        closes them."""
         ...
 
     def timers_in(self, after_ms: int, until_ms: int,

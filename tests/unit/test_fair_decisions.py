@@ -340,16 +340,38 @@ def _consume(it: Iterator[Any]) -> int:
 
 
 def test_pick_reads_no_further_than_it_takes() -> None:
-    read = Counter[str]()
+    read = Counter[int]()
 
-    def counted(name: str, lane: Lane) -> Generator[tuple[bytes, bytes]]:
-        for item in _timers(lane, 10_000):
-            read[name] += 1
+    def counted(lane: Lane, n: int) -> Generator[tuple[bytes, bytes]]:
+        for item in _timers(lane, n):
+            read[lane.tenant] += 1
             yield item
     a, b = _lane("a"), _lane("b")
-    out, more = pick([(a, counted("a", a)), (b, counted("b", b))], 100)
+    out, more = pick([(a, counted(a, 10_000)), (b, counted(b, 10_000))], 100)
     assert more and len(out) == 100
-    assert read == {"a": 51, "b": 51}  # each lane's 50, and one looked at ahead
+    assert read == {a.tenant: 51, b.tenant: 51}  # each lane's 50, and one looked at ahead
+    # Many lanes, a small round: the lanes it does not get to are not read, and the ones
+    # that may have due timers but do not drop out.
+    read.clear()
+    many = [_lane(f"t{i}") for i in range(100)]
+    lanes = [(lane, counted(lane, 0 if i % 2 else 5)) for i, lane in enumerate(many)]
+    state = FairState()
+    out, more = pick(lanes, 10, state=state)
+    assert more and len(out) == 10 and len(set(map(_owner_of, out))) == 10
+    assert len(read) <= 11
+    # The next round (a chunk of the same tick) goes on with the lanes not reached.
+    lanes = [(lane, counted(lane, 0 if i % 2 else 5)) for i, lane in enumerate(many)]
+    again, _ = pick(lanes, 10, state=state)
+    assert not set(map(_owner_of, out)) & set(map(_owner_of, again))
+
+
+def test_more_is_false_when_no_lane_read_or_not_holds_a_due_timer() -> None:
+    lanes = [(_lane(f"t{i}"), _timers(_lane(f"t{i}"), 1 if i == 0 else 0)) for i in range(5)]
+    out, more = pick(lanes, 1)
+    assert len(out) == 1 and not more
+    lanes = [(_lane(f"t{i}"), _timers(_lane(f"t{i}"), 1 if i == 3 else 0)) for i in range(5)]
+    out, more = pick(lanes, 0)
+    assert out == [] and more
 
 
 def test_single_lane_round_is_due_order_and_more_is_exact() -> None:

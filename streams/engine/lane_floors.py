@@ -94,10 +94,10 @@ class LaneFloors:
 
     def ascending(self) -> Generator[tuple[int, bytes]]:
         """(floor due, prefix) of every lane, by floor due time, taken from the heap as the
-        caller goes on. The caller may raise floors and drop lanes meanwhile; the entries
-        taken go back when the iteration ends (close it)."""
+        caller goes on. The caller may raise floors and drop lanes meanwhile: the lanes
+        taken go back, at their floors' due times then, when the iteration ends (close
+        it). An entry a raise pushed meanwhile may come up and be passed over here."""
         heap, floors = self._heap, self._floors
-        taken: list[tuple[int, bytes]] = []
         seen: set[bytes] = set()
         try:
             while heap:
@@ -106,8 +106,9 @@ class LaneFloors:
                 if key is None or prefix in seen or due_of(key) != due:
                     continue
                 seen.add(prefix)
-                taken.append((due, prefix))
                 yield due, prefix
         finally:
-            for entry in taken:
-                heapq.heappush(heap, entry)
+            for prefix in seen:
+                key = floors.get(prefix)
+                if key is not None:
+                    heapq.heappush(heap, (due_of(key), prefix))

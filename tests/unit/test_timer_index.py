@@ -4,6 +4,7 @@ past the tombstones of fired timers, the legacy lane (keys from before lanes) in
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from streams.domain.timer import (
     due_of,
     due_order,
     encode_timer_key,
+    lane_of_prefix,
     tenant_lane,
 )
 from streams.engine.faust_store import (
@@ -227,11 +229,25 @@ def test_lane_floors_find_the_due_lanes_as_a_scan_of_every_lane_would(
         elif op == "due":
             assert floors.due(due) == sorted(p for p, k in model.items() if due_of(k) <= due)
         else:
-            gen = floors.ascending()
-            got = [next(gen) for _ in range(min(len(model), due % 4))]
-            gen.close()
+            # As first_timer_key goes: each lane taken is read, which raises its floor
+            # (by `due` ms past it, here) or drops it (every third).
             want = sorted((due_of(k), p) for p, k in model.items())
-            assert sorted(got) == want[:len(got)] and [d for d, _ in got] == [
-                d for d, _ in want[:len(got)]]
+            gen = floors.ascending()
+            got = []
+            for floor_due, prefix in itertools.islice(gen, due % 4):
+                got.append((floor_due, prefix))
+                if len(got) % 3 == 0:
+                    floors.drop(prefix)
+                    del model[prefix]
+                    continue
+                raised = encode_timer_key(due_ms=floor_due + due, kind=TimerKind.FIRE,
+                                          job_id="k", ref="", lane=lane_of_prefix(prefix))
+                floors.raise_to(prefix, raised)
+                model[prefix] = max(model[prefix], raised)
+            gen.close()
+            assert [d for d, _ in got] == [d for d, _ in want[:len(got)]]
         assert dict(floors.items()) == model
+        # The heap still finds every lane by its floor's due time.
+        for upto in (0, 50, 100, 250):
+            assert floors.due(upto) == sorted(p for p, k in model.items() if due_of(k) <= upto)
     assert sorted(floors.ascending()) == sorted((due_of(k), p) for p, k in model.items())

@@ -31,7 +31,8 @@ class LaneFloors:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        self._heap = [(due_of(key), prefix) for prefix, key in self._floors.items()]
+        # In place: an iteration (ascending) holds the list.
+        self._heap[:] = [(due_of(key), prefix) for prefix, key in self._floors.items()]
         heapq.heapify(self._heap)
 
     def _push(self, due: int, prefix: bytes) -> None:

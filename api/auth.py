@@ -1,4 +1,4 @@
-"""API keys to tenants and scopes (constant-time, on hashes), and a per-tenant token bucket.
+"""API keys to tenants and scopes (constant-time, on hashes), and a token bucket per tenant.
 
 Scopes are decided here, by HTTP method, and nowhere else: every route gets its tenant from
 `Authenticator.tenant_of`, which refuses any method but GET and HEAD to a key without the
@@ -16,6 +16,7 @@ from fastapi import Request
 from api.problems import Problem
 from kron.clock import Clock
 from kron.settings import KEY_HASH_PREFIX, ApiKey, Scope, hash_api_key
+from streams.domain.tenants import TenantTable
 
 # The methods that change nothing. Anything else (POST, PATCH, PUT, DELETE, ...) is a write.
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -71,19 +72,29 @@ class Authenticator:
 
 
 class RateLimiter:
-    def __init__(self, *, clock: Clock, rate_per_s: float, burst: int) -> None:
+    """A token bucket per tenant on its API writes, each tenant's its own size and rate
+    (its TenantQuotas' create_burst and create_rate_per_s: KRON_TENANTS_FILE, else the
+    KRON_TENANT_* defaults). A bucket starts full."""
+
+    def __init__(self, *, clock: Clock, tenants: TenantTable) -> None:
         self._clock = clock
-        self._rate = rate_per_s
-        self._burst = float(burst)
-        self._buckets: dict[str, tuple[float, float]] = {}
+        self._tenants = tenants
+        # tenant -> (tokens, last refill, rate per second, burst)
+        self._buckets: dict[str, tuple[float, float, float, float]] = {}
 
     def take(self, tenant: str) -> None:
         now = self._clock.monotonic()
-        tokens, last = self._buckets.get(tenant, (self._burst, now))
-        tokens = min(self._burst, tokens + (now - last) * self._rate)
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            quotas = self._tenants.quotas(tenant)
+            rate, burst = quotas.create_rate_per_s, float(quotas.create_burst)
+            tokens, last = burst, now
+        else:
+            tokens, last, rate, burst = bucket
+        tokens = min(burst, tokens + (now - last) * rate)
         if tokens < 1.0:
-            wait = (1.0 - tokens) / self._rate
-            self._buckets[tenant] = (tokens, now)
+            wait = (1.0 - tokens) / rate
+            self._buckets[tenant] = (tokens, now, rate, burst)
             raise Problem(429, "rate-limited", "this tenant is over its request rate",
                           headers={"Retry-After": str(max(1, round(wait + 0.5)))})
-        self._buckets[tenant] = (tokens - 1.0, now)
+        self._buckets[tenant] = (tokens - 1.0, now, rate, burst)

@@ -155,6 +155,8 @@ _LOCAL_SUFFIXES = (".localhost", ".local", ".localdomain", ".internal", ".home.a
 TargetType = Literal["http", "kafka", "command"]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 Concurrency = Literal["allow", "skip_if_running", "queue", "replace"]
+# streams.domain.policies.Priority's values (a test holds them together).
+PriorityIn = Literal["critical", "normal", "batch"]
 MisfireKindIn = Literal["fire_once", "fire_all", "skip_if_late_by"]
 BackoffIn = Literal["exponential", "fixed"]
 _TARGET_RECORDS: dict[str, str] = {
@@ -389,10 +391,14 @@ class JobRequest(_Model):
          "target": {"type": "http", "method": "POST", "url": "https://...", "headers": {},
                     "body": "...", "timeout_s": 30},
          "retry": {"max_attempts": 3, "backoff": "exponential", "base_s": 1, "max_s": 300},
-         "concurrency": "allow", "misfire": {"kind": "fire_once"},
+         "concurrency": "allow", "priority": "normal", "misfire": {"kind": "fire_once"},
          "dst": {"nonexistent": "shift_forward", "ambiguous": "first"},
          "jitter_s": 0, "start_at": null, "end_at": null, "lease_s": 60, "metadata": {},
          "idempotency_key": "..."}
+
+    ``priority`` is the job's tier, ``critical``, ``normal`` or ``batch``: a worker calls the
+    waiting attempts of a higher tier first (docs/semantics.md, Priority); a DAG's tasks take
+    their job's.
 
     A one-off job gives ``run_at`` (RFC 3339 with an offset) instead of ``schedule``
     (``schedule: {"run_at": ...}`` is accepted too), and ``fire_now_if_past: true`` to accept a
@@ -430,6 +436,10 @@ class JobRequest(_Model):
         default=None, validate_default=True)
     retry: RetryIn = Field(default_factory=RetryIn)
     concurrency: Concurrency = "allow"
+    priority: PriorityIn = Field(default="normal", description=(
+        "the job's tier: a worker calls waiting attempts of critical jobs before normal "
+        "ones and normal before batch (a lower tier still gets 1 call in 16); a DAG's "
+        "tasks take their job's"))
     misfire: Annotated[MisfireIn, BeforeValidator(_misfire_shorthand)] = Field(
         default_factory=MisfireIn)
     dst: DstIn = Field(default_factory=DstIn)
@@ -516,6 +526,7 @@ class JobPatch(_Model):
     dag: DagIn | None = None
     retry: RetryIn | None = None
     concurrency: Concurrency | None = None
+    priority: PriorityIn | None = None
     misfire: Annotated[MisfireIn | None, BeforeValidator(_misfire_shorthand)] = None
     dst: DstIn | None = None
     jitter_s: float | None = None
@@ -1092,6 +1103,7 @@ def _spec_of(req: JobRequest, ctx: BuildContext) -> dict[str, Any]:
         "end_at_ms": end_at_ms,
         "lease_s": float(req.lease_s),
         "metadata": metadata,
+        "priority": req.priority,
     }
     try:
         plan = plan_of(spec)
@@ -1181,6 +1193,7 @@ def request_of(spec: Mapping[str, Any]) -> dict[str, Any]:
     retry, mis, dst = spec["retry"], spec["misfire"], spec["dst"]
     out["retry"] = {k: retry[k] for k in _RETRY_KEYS}
     out["concurrency"] = spec["overlap"]
+    out["priority"] = spec.get("priority") or "normal"  # a spec from before v4 has none
     out["misfire"] = {"kind": mis["kind"], "late_by_s": mis.get("late_by_s"),
                       "fire_all_cap": mis.get("fire_all_cap", 100)}
     out["dst"] = {"nonexistent": dst["nonexistent"], "ambiguous": dst["ambiguous"]}
@@ -1395,7 +1408,12 @@ def spec_fingerprint(spec: Mapping[str, Any]) -> str:
     ``"get"`` vs ``"GET"``, cron whitespace) share a fingerprint; any change to the spec
     changes it. Use it to tell a replayed idempotent create (same fingerprint) from a reused
     idempotency key with a different body (422).
+
+    A normal ``priority`` (the default) is left out, so that a spec keeps the fingerprint it
+    had before JobSpec had a priority (v4): the views keep fingerprints across the upgrade.
     """
+    if spec.get("priority", "normal") == "normal":
+        spec = {k: v for k, v in spec.items() if k != "priority"}
     text = json.dumps(_canonical(spec), sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(b"kron.JobSpec/v1\n" + text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -185,8 +185,7 @@ def create_app(settings: Settings, *, components: Components | None = None,
     service = Service(settings=settings, views=parts.views, projector=parts.projector,
                       publisher=parts.publisher, clock=clock,
                       auth=Authenticator(settings.api_key_entries),
-                      limiter=RateLimiter(clock=clock, rate_per_s=settings.tenant_rate_per_s,
-                                          burst=settings.tenant_burst),
+                      limiter=RateLimiter(clock=clock, tenants=settings.tenants),
                       creates=creates, probe=parts.probe)
     app.state.service = service
     include_routes(app)

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.domain.commands import CommandRegistry
+from streams.domain.tenants import TenantQuotas, TenantTable
 from streams.domain.topics import TopicGrants
 
 # API keys are random high-entropy tokens, so one unsalted SHA-256 is enough: nobody can
@@ -116,9 +117,15 @@ class Settings(BaseSettings):
     # "tenant=prefix.*|exact.topic,..." (streams/domain/topics.py). kron's own are never.
     kafka_target_topics: str = ""
     # Per-tenant limits: a token bucket on writes, and a cap on jobs that aren't finished.
+    # They are the defaults of KRON_TENANTS_FILE's [defaults] (create_rate_per_s,
+    # create_burst, max_active_jobs), and every tenant's limits without that file.
     tenant_rate_per_s: float = Field(default=200.0, gt=0)
     tenant_burst: int = Field(default=400, ge=1)
     tenant_max_active_jobs: int = Field(default=100_000, ge=1)
+    # Each tenant's quotas and share (TOML, streams/domain/tenants.py): weight, max_running
+    # and dispatch rate in the worker, create rate and active jobs at the API. Read by the
+    # API and every worker at start; a malformed file stops them, naming its line.
+    tenants_file: Path | None = None
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # Keyless creates of a tenant that arrive while its last batch waits for Kafka's ack go
     # out together as one CreateJobs record of up to this many (api/batcher.py). 1: each
@@ -166,7 +173,7 @@ class Settings(BaseSettings):
         TopicGrants.parse(self.kafka_target_topics, own_prefix=self.topic_prefix)
         return self
 
-    @field_validator("commands_file", "command_user", mode="before")
+    @field_validator("commands_file", "command_user", "tenants_file", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
@@ -181,6 +188,20 @@ class Settings(BaseSettings):
         """The operator's registry of programs jobs may run (KRON_COMMANDS_FILE); empty,
         refusing every command target, without a file. Read once per process."""
         return CommandRegistry.load(self.commands_file)
+
+    @model_validator(mode="after")
+    def _check_tenants(self) -> Self:
+        self.tenants  # noqa: B018 - read once here: a bad file stops the process at start
+        return self
+
+    @functools.cached_property
+    def tenants(self) -> TenantTable:
+        """Each tenant's quotas (KRON_TENANTS_FILE); without a file, every tenant has the
+        defaults: KRON_TENANT_RATE_PER_S, KRON_TENANT_BURST and KRON_TENANT_MAX_ACTIVE_JOBS
+        for the API's limits, TenantQuotas' own for the rest. Read once per process."""
+        return TenantTable.load(self.tenants_file, base=TenantQuotas(
+            create_rate_per_s=self.tenant_rate_per_s, create_burst=self.tenant_burst,
+            max_active_jobs=self.tenant_max_active_jobs))
 
     @property
     def topic_grants(self) -> TopicGrants:

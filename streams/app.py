@@ -11,6 +11,7 @@ parts, connected here and nowhere else:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,8 @@ from streams.worker_lifecycle import (
     tune_fetches,
 )
 
+log = logging.getLogger("kron.worker")
+
 __all__ = ["EXIT_STATE_UNWRITABLE", "FETCH_MIN_BYTES", "FETCH_WAIT_MS", "IGNORED", "RAW",
            "REPORTS", "RESULTS", "TICK_BUDGET", "TICK_CHUNK", "Engine", "PartitionDriver",
            "Stats", "WorkerLifecycle", "_environmental", "_jobs_fault", "build_engine",
@@ -65,6 +68,11 @@ class _TickerHost:
         # starts here too, as a worker with timers but no commands gets no other event.
         lifecycle = self._lifecycle
         lifecycle.lease.watch(lifecycle.runtime.coordinator())
+        if self._executor.full:
+            # The executor's bound (Executor.room): it cannot refuse an attempt already
+            # started, so no tick decides more until its runners have made room. The ticker
+            # looks again within RESCAN_S, and decides with a fresh `now` then.
+            return frozenset()
         return lifecycle.runtime.owned_partitions() if lifecycle.lease.valid() else frozenset()
 
     def backlog(self) -> int:
@@ -134,7 +142,8 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
         report=lifecycle.report, clock=lifecycle.clock, worker_id=settings.worker_id,
         concurrency=settings.executor_concurrency,
         before_dispatch=barrier.wait if settings.dispatch_barrier else None,
-        may_dispatch=lifecycle.owns)
+        may_dispatch=lifecycle.owns, tenants=settings.tenants, partitions=settings.partitions)
+    _track_owned_partitions(lifecycle, executor)
     ticker = Ticker(host=_TickerHost(lifecycle, driver, executor),
                     fire_ahead_s=settings.fire_ahead_s, worker_id=settings.worker_id)
     driver.connect(executor=executor, ticker=ticker)
@@ -143,3 +152,16 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
                      caches=(driver.job_cache, driver.execution_cache))
     return Engine(lifecycle=lifecycle, driver=driver, executor=executor, results=results,
                   ticker=ticker)
+
+
+def _track_owned_partitions(lifecycle: WorkerLifecycle, executor: Executor) -> None:
+    """Tenants' dispatch rates are split over the partitions by the share this worker owns:
+    tell the executor at each assignment."""
+
+    def assigned(app: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
+        try:
+            executor.set_owned_partitions(lifecycle.owned_partitions())
+        except Exception:  # the rates keep the last share; a crash here would stop the app
+            log.exception("owned partitions not counted after an assignment")
+
+    lifecycle.app.on_partitions_assigned.connect(assigned)

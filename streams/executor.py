@@ -1,4 +1,5 @@
-"""The worker's asyncio executor pool: a per-tenant fair queue in front of N runners.
+"""The worker's asyncio executor pool: a fair queue (streams.fair_dispatch: tiers, tenants'
+weights and dispatch rates) in front of N runners.
 
 The stream agent stays at concurrency=1 and never waits on a target; it hands attempts to
 this pool. Results go back as events to the execution's own partition, carrying the
@@ -12,8 +13,8 @@ import functools
 import heapq
 import itertools
 import logging
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -24,12 +25,17 @@ from schemas.envelope import make_envelope
 from streams.breaker import CircuitBreaker
 from streams.domain.retry import ErrorClass
 from streams.engine.core import Dispatch
+from streams.fair_dispatch import DEFAULT_BOUND, FairQueue, QuotaTable
 from streams.targets import AttemptInfo, Outcome, Runner
 from streams.tasks import cancel_and_wait
 
 log = logging.getLogger("kron.executor")
 
 CANCELLED_MAX = 65_536
+# Attempts held back for their tenant's dispatch rate are looked at this often, and those
+# whose lease ends within a third of its length are extended (a heartbeat, as a long call's):
+# they wait, they do not fail.
+THROTTLED_BEAT_EVERY_S = 1.0
 
 class Reporter(Protocol):
     """Sends a record to the partition's own signals. `wait_until_lease_ms`, given with a
@@ -49,58 +55,17 @@ class Job:
     durable: bool = False
 
 
-class FairQueue:
-    """Round-robin over tenants, so one tenant's midnight flood can't starve another.
-
-    Each put wakes one idle getter, not all of them: with an Event shared by 1,024 pool
-    tasks, every put under a spread-out load woke the whole pool (17% of the worker's CPU
-    at 500 executions/s).
-    """
-
-    def __init__(self) -> None:
-        self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
-        self._getters: deque[asyncio.Future[None]] = deque()
-        self.size = 0
-
-    def put(self, tenant: str, item: Job) -> None:
-        self._queues.setdefault(tenant, deque()).append(item)
-        self.size += 1
-        self._wake_one()
-
-    async def get(self) -> Job:
-        while not self._queues:
-            getter = asyncio.get_running_loop().create_future()
-            self._getters.append(getter)
-            try:
-                await getter
-            except asyncio.CancelledError:
-                # Woken and cancelled at once: pass the wake-up on, or an item waits.
-                if getter.done() and not getter.cancelled() and self._queues:
-                    self._wake_one()
-                raise
-        tenant, queue = next(iter(self._queues.items()))
-        item = queue.popleft()
-        self.size -= 1
-        del self._queues[tenant]
-        if queue:
-            self._queues[tenant] = queue  # back of the line: the next tenant goes first
-        if self._queues:
-            self._wake_one()  # more items than this getter: another may start at once
-        return item
-
-    def _wake_one(self) -> None:
-        while self._getters:
-            getter = self._getters.popleft()
-            if not getter.done():
-                getter.set_result(None)
-                return
-
-
 class Executor:
     def __init__(self, *, runners: dict[str, Runner], report: Reporter, clock: Clock,
                  worker_id: str, concurrency: int = 256,
                  before_dispatch: Callable[[], Awaitable[None]] | None = None,
-                 may_dispatch: Callable[[int], bool] | None = None) -> None:
+                 may_dispatch: Callable[[int], bool] | None = None,
+                 tenants: QuotaTable | None = None, partitions: int = 1,
+                 owned_partitions: int | None = None,
+                 max_queued: int = DEFAULT_BOUND) -> None:
+        """`tenants`: weights and dispatch rates (none: weight 1, no rate); a tenant's rate
+        is split over the `partitions` by the `owned_partitions` here (all until told,
+        see set_owned_partitions). `max_queued`: see `room`."""
         # Awaited before each call: the engine passes its durability barrier here.
         self._before_dispatch = before_dispatch
         # Asked right before each call: does this process still own the partition?
@@ -109,7 +74,9 @@ class Executor:
         self._report = report
         self._clock = clock
         self._worker = worker_id
-        self._queue = FairQueue()
+        self._queue: FairQueue[Job] = FairQueue(
+            tenants=tenants, clock=clock, bound=max_queued, partitions=partitions,
+            owned_partitions=owned_partitions)
         self._concurrency = concurrency
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: dict[str, asyncio.Task[Outcome]] = {}
@@ -133,6 +100,7 @@ class Executor:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._concurrency)]
         if self._before_dispatch is not None:
             self._tasks.append(asyncio.ensure_future(self._confirm_held()))
+        self._tasks.append(asyncio.ensure_future(self._keep_throttled()))
 
     async def stop(self) -> None:
         # Held attempts are not called: their leases run out and the next owner retries them.
@@ -152,7 +120,7 @@ class Executor:
         job = Job(dispatch=dispatch, partition=partition,
                   lease_deadline=mono + hold_s + dispatch.lease_s)
         if hold_s <= 0:
-            self._queue.put(dispatch.tenant, job)
+            self._queue.put(dispatch.tenant, job, dispatch.priority)
             return
         self._hold(job, mono + hold_s)
         if self._before_dispatch is not None:
@@ -196,7 +164,7 @@ class Executor:
             exec_id = job.dispatch.exec_id
             if self._held_ids.get(exec_id) is job:
                 del self._held_ids[exec_id]
-                self._queue.put(job.dispatch.tenant, job)
+                self._queue.put(job.dispatch.tenant, job, job.dispatch.priority)
         if self._held:
             self._schedule_release()
 
@@ -213,13 +181,71 @@ class Executor:
 
     @property
     def backlog(self) -> int:
-        return self._queue.size
+        """Attempts waiting for a runner (not those held back for their tenant's rate)."""
+        return self._queue.ready
+
+    @property
+    def throttled(self) -> int:
+        """Attempts due but held back for their tenant's dispatch rate."""
+        return self._queue.throttled
+
+    @property
+    def full(self) -> bool:
+        return self._queue.full
+
+    async def room(self) -> None:
+        """Return once fewer than `max_queued` attempts wait for a runner. `submit` cannot
+        refuse (the attempt is recorded as started), so the bound is backpressure on what
+        decides attempts: it waits for room first, then decides with a fresh `now`. The
+        worker's ticker does (it reads `full`, streams/app.py), which covers due slots,
+        retries and lease expiries; attempts decided from commands (a trigger, a job due at
+        its create) and DAG tasks released by a parent's result still come in while full,
+        one record of the agent's at a time."""
+        await self._queue.room()
+
+    def set_owned_partitions(self, owned: Collection[int]) -> None:
+        """A rebalance: this worker owns these partitions now. Tenants' rates here follow
+        their number; attempts of the others leave the queue (the new owner retries them
+        by lease, as _run's ownership check would have had them), without spending their
+        tenants' tokens."""
+        self._queue.set_partitions(len(owned))
+        self.fenced += self._queue.discard(lambda job: job.partition not in owned)
+
+    def set_tenants(self, tenants: QuotaTable | None) -> None:
+        """A new tenants table: weights and rates from now on."""
+        self._queue.set_tenants(tenants)
 
     @property
     def held(self) -> int:
         """Attempts waiting here for a time: decided ahead (their due time) or paused by
         an open circuit (its end)."""
         return len(self._held_ids)
+
+    async def _keep_throttled(self) -> None:
+        while True:
+            await asyncio.sleep(THROTTLED_BEAT_EVERY_S)
+            if self._queue.throttled:
+                try:
+                    await self._beat_throttled()
+                except Exception:  # the next round tries again; the owner's lease decides
+                    log.exception("extending held-back attempts' leases failed")
+
+    async def _beat_throttled(self) -> None:
+        """Extend the leases of attempts held back for their tenant's rate that would run out
+        soon; those whose lease ran out already are left to the owner (it retries them)."""
+        now = self._clock.monotonic()
+        due = [job for job in self._queue.throttled_items()
+               if now < job.lease_deadline < now + job.dispatch.lease_s / 3
+               and job.dispatch.exec_id not in self._cancelled
+               and (self._may_dispatch is None or self._may_dispatch(job.partition))]
+        if not due:
+            return
+        if self._before_dispatch is not None and not all(job.durable for job in due):
+            await self._before_dispatch()  # no heartbeat for a start Kafka may not have
+        for job in due:
+            job.durable = True
+            job.lease_deadline = self._clock.monotonic() + job.dispatch.lease_s
+            await self._beat(job, job.dispatch.lease_s)
 
     async def _loop(self) -> None:
         while True:

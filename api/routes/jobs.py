@@ -159,7 +159,7 @@ def _reserve(svc: Service, tenant: str, job_id: str, key: str | None, spec: dict
     with svc.pending.lock:
         # Projected active jobs plus creates not projected yet (in flight ones included).
         active = (svc.views.get(f"a/{tenant}".encode()) or 0) + svc.pending.count(tenant)
-    if active >= svc.settings.tenant_max_active_jobs:
+    if active >= svc.settings.tenants.quotas(tenant).max_active_jobs:
         raise Problem(429, "quota-exceeded",
                       f"this tenant has {active} active jobs, the limit", headers={
                           "Retry-After": "60"})

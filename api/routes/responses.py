@@ -184,8 +184,28 @@ class RunsByState(_Out):
     cancelled: int
 
 
+class Quotas(_Out):
+    """The tenant's quotas (KRON_TENANTS_FILE: its section, else [defaults])."""
+
+    weight: int = Field(description="its share of each decision and dispatch round")
+    max_running: int = Field(description="its executions running at once")
+    dispatch_rate_per_s: float = Field(description="dispatches a second per worker; 0: "
+                                                   "unlimited")
+    create_rate_per_s: float = Field(description="API writes a second (429 over it)")
+    create_burst: int = Field(description="API writes at once before the rate applies")
+    max_active_jobs: int = Field(description="active and paused jobs (429 over it)")
+
+
 class Stats(_Out):
-    runs_by_state: RunsByState
+    runs_by_state: RunsByState = Field(description="the tenant's runs (a DAG run is one)")
+    tenant: str = Field(description="the caller's tenant: every count is its own")
+    running: int = Field(description=(
+        "the tenant's executions running now: runs and DAG task instances (a DAG run in "
+        "progress counts as well as its running tasks)"))
+    queued: int = Field(description=(
+        "the tenant's executions queued, made and not started yet: runs and DAG task "
+        "instances"))
+    quotas: Quotas
 
 
 class BrokerStatus(_Out):

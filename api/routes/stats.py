@@ -1,6 +1,9 @@
-"""/v1/stats: the caller's runs by state."""
+"""/v1/stats: the caller's runs by state, its executions running and queued, and its
+quotas."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 from fastapi import APIRouter
 
@@ -13,6 +16,11 @@ router = APIRouter(route_class=KronRoute, tags=["stats"])
 
 @router.get("/stats", response_model=responses.Stats, responses=ERRORS)
 async def stats(call: ThisCall) -> Json:
-    views = call.svc.views
-    counts = {s: views.get(f"c/{call.tenant}/{s}".encode()) or 0 for s in STATES}
-    return Json({"runs_by_state": counts})
+    views, tenant = call.svc.views, call.tenant
+    counts = {s: views.get(f"c/{tenant}/{s}".encode()) or 0 for s in STATES}
+    # Executions: the runs (c/, a DAG run among them) and DAG task instances (ct/).
+    tasks = {s: views.get(f"ct/{tenant}/{s}".encode()) or 0 for s in ("running", "queued")}
+    return Json({"runs_by_state": counts, "tenant": tenant,
+                 "running": counts["running"] + tasks["running"],
+                 "queued": counts["queued"] + tasks["queued"],
+                 "quotas": asdict(call.svc.settings.tenants.quotas(tenant))})

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from streams.domain.errors import InvalidPolicy
 
@@ -50,6 +52,31 @@ class DstAmbiguous(StrEnum):
 class Backoff(StrEnum):
     EXPONENTIAL = "exponential"
     FIXED = "fixed"
+
+
+class Priority(StrEnum):
+    """A job's tier (JobSpec.priority): a worker calls waiting attempts of critical jobs
+    before normal ones and normal before batch, and within a tier shares among tenants by
+    weight (streams.fair_dispatch). A DAG's tasks take their job's. Avro's kron.Priority has
+    the same symbols."""
+
+    CRITICAL = "critical"
+    NORMAL = "normal"
+    BATCH = "batch"
+
+    @property
+    def rank(self) -> int:
+        """0 for critical, 1 for normal, 2 for batch: the lower goes first."""
+        return PRIORITY_RANK[self]
+
+
+# By value, so a decoded record's plain string ranks as its member does (hash and equality
+# are the string's): PRIORITY_RANK[spec["priority"]].
+# Plain dicts typed read-only: a lookup in a mappingproxy costs a call more.
+PRIORITY_RANK: Final[Mapping[str, int]] = {
+    Priority.CRITICAL.value: 0, Priority.NORMAL.value: 1, Priority.BATCH.value: 2}
+# The member of each value, for readers that hold plain strings (streams.engine.spec).
+PRIORITIES: Final[Mapping[str, Priority]] = {p.value: p for p in Priority}
 
 
 MAX_ATTEMPTS_LIMIT = 100

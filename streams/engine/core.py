@@ -24,7 +24,7 @@ from streams.domain.cursor import advance_cursor
 from streams.domain.errors import PermanentError
 from streams.domain.ids import event_id, exec_id, manual_exec_id
 from streams.domain.misfire import MissReason, resolve_misfire
-from streams.domain.policies import MisfireKind, Overlap
+from streams.domain.policies import MisfireKind, Overlap, Priority
 from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
 from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Trigger
@@ -185,6 +185,9 @@ class Dispatch:
     # A DAG task instance: the run (its slot's execution id) and the task it runs.
     run_id: str | None = None
     task_id: str | None = None
+    # The job's tier (critical, normal, batch): the executor's queue calls higher tiers
+    # first (streams/fair_dispatch.py).
+    priority: Priority = Priority.NORMAL
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -1208,7 +1211,7 @@ class PartitionCore:
             lease_until_ms=lease_until,
             # A task's end releases the next tasks: it must not wait behind other results.
             result_may_wait=plan.overlap == Overlap.ALLOW and task_id is None,
-            run_id=ex["run_id"], task_id=task_id))
+            run_id=ex["run_id"], task_id=task_id, priority=plan.priority))
 
     def _exec_lane(self, ex: ExecutionRecord, plan: JobPlan | None = None) -> Lane:
         """The lane of an execution's timers: its tenant's, at its job's tier."""

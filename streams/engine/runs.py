@@ -145,26 +145,13 @@ class DagRuns:
         run["last_error"] = None
         if run["exec_id"] not in job["running"]:
             job["running"].append(run["exec_id"])
-        self._apply(job, plan, run, progress, changes, ctx, event_type="dag_run.retried",
-                    rerun=True)
+        self._apply(job, plan, run, progress, changes, ctx, event_type="dag_run.retried")
 
     def _apply(self, job: JobRecord, plan: JobPlan, run: ExecutionRecord,
                progress: list[dict[str, Any]], changes: Changes, ctx: Context, *,
-               event_type: str, rerun: bool = False) -> None:
+               event_type: str) -> None:
         """Save the run with its progress, then start what the rules released (see the
-        module's note on order). A released task whose instance already ended (a crash lost
-        the run write that took it in) is taken in now, and may release more."""
-        assert plan.dag is not None
-        work = [changes]
-        started: list[str] = []
-        while work:
-            step = work.pop()
-            for task_id in step.start:
-                ended = self._ended(run, task_id, rerun=rerun)
-                if ended is None:
-                    started.append(task_id)
-                else:
-                    work.append(dag.task_finished(plan.dag, progress, task_id, *ended))
+        module's note on order)."""
         _keep_progress(run, progress)
         outcome = dag.run_state(progress)
         if outcome is not None:
@@ -172,24 +159,21 @@ class DagRuns:
             self._core._finish(job, run, ctx, f"dag_run.{run['state']}")
         else:
             self._core._save_exec(ctx, run, event_type)
-        for task_id in started:
-            self._start_task(job, plan, run, task_id, ctx, rerun=rerun)
-
-    def _ended(self, run: ExecutionRecord, task_id: str, *,
-               rerun: bool) -> tuple[TaskState, str | None] | None:
-        """The end of a released task's instance if it has one this run must take in."""
-        if rerun:
-            return None
-        task = self._store.execution(task_exec_id(run["exec_id"], task_id))
-        if task is None or task["state"] not in TASK_END:
-            return None
-        return TASK_END[task["state"]], task["reason"]
+        for task_id in changes.start:
+            self._start_task(job, plan, run, task_id, ctx)
 
     def _start_task(self, job: JobRecord, plan: JobPlan, run: ExecutionRecord, task_id: str,
-                    ctx: Context, *, rerun: bool) -> None:
+                    ctx: Context) -> None:
         """The check-and-set of a task instance: a new one starts its first attempt; one
-        running already (the event came again) keeps running, watched; one that ended before
-        a retry of the run starts its next attempt (the same Idempotency-Key)."""
+        running already (the event came again) keeps running, watched; one that ended starts
+        its next attempt (the same Idempotency-Key).
+
+        A released task was pending in the run's durable record, so an instance of it that
+        ended did so in an earlier round of the run: a retry of the run reset it. It can't
+        be this round's end that a crash kept from the run: the run write that released
+        the task comes before the instance's start in the changelog, so an instance started
+        this round implies a durable run record that calls the task running (`mend` takes
+        such an end in)."""
         ex_id = task_exec_id(run["exec_id"], task_id)
         task = self._store.execution(ex_id)
         if task is None:
@@ -201,7 +185,7 @@ class DagRuns:
             self._core._begin_attempt(job, plan, task, ctx)
         elif task["state"] in ACTIVE:
             self._core._rearm(task, ctx)
-        elif rerun:
+        else:
             task["reason"] = None
             self._core._begin_attempt(job, plan, task, ctx, event_type="execution.rerun_started")
 
@@ -228,7 +212,7 @@ class DagRuns:
             else:
                 self._core._rearm(task, ctx)
         for task_id in missing:
-            self._start_task(job, plan, run, task_id, ctx, rerun=False)
+            self._start_task(job, plan, run, task_id, ctx)
         if ended:
             changes = [dag.task_finished(plan.dag, progress, t, *end) for t, end in ended]
             merged = Changes(start=tuple(t for c in changes for t in c.start),

@@ -14,6 +14,7 @@ from typing import Any
 from streams.domain.dag import DagPlan, parse_dag
 from streams.domain.errors import InvalidPolicy, InvalidSchedule, PermanentError
 from streams.domain.policies import (
+    PRIORITIES,
     Backoff,
     DstAmbiguous,
     DstNonexistent,
@@ -21,6 +22,7 @@ from streams.domain.policies import (
     MisfireKind,
     MisfirePolicy,
     Overlap,
+    Priority,
     RetryPolicy,
 )
 from streams.domain.schedule import OneOffSchedule, Schedule, parse_cron
@@ -44,6 +46,9 @@ class JobPlan:
     end_at_ms: int | None
     # A DAG job's tasks (its target is a kron.DagTarget); None for any other job.
     dag: DagPlan | None = None
+    # The job's tier (JobSpec.priority, v4; normal for a spec without one). A DAG's tasks
+    # take their job's: there is nothing per task.
+    priority: Priority = Priority.NORMAL
 
 
 # The slots' own setters, in field order. A frozen dataclass's __init__ sets each field
@@ -171,7 +176,17 @@ def _plan(spec: dict[str, Any]) -> JobPlan:
         schedule = parse_schedule(spec["schedule"])
     return _new_plan(schedule, retry, misfire, dst, overlap, jitter_s, lease_s,
                      _time(spec.get("start_at_ms"), "start_at"),
-                     _time(spec.get("end_at_ms"), "end_at"), _dag_of(spec.get("target")))
+                     _time(spec.get("end_at_ms"), "end_at"), _dag_of(spec.get("target")),
+                     _priority(spec.get("priority", "normal")))
+
+
+def _priority(value: Any) -> Priority:
+    """The Priority of a spec's value (a decoded record's plain string, or a member)."""
+    try:
+        return PRIORITIES[value]
+    except (KeyError, TypeError):  # TypeError: unhashable
+        raise InvalidPolicy(f"priority must be one of: {', '.join(PRIORITIES)}; got "
+                            f"{value!r}", field="priority") from None
 
 
 def _dag_of(target: Any) -> DagPlan | None:

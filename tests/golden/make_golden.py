@@ -557,6 +557,31 @@ def _v3_job_samples() -> dict[tuple[str, int], list[Record]]:
     return out
 
 
+# v4 adds JobSpec.priority (enum kron.Priority, default normal): a job's tier.
+SPEC_PRIORITY_FULL: Record = {**SPEC_HTTP_FULL, "priority": "critical"}
+
+
+def _v4_job_samples() -> dict[tuple[str, int], list[Record]]:
+    """v4 (JobSpec.priority): v3's samples again (they read as normal) and one job of each
+    other tier, full and minimal, a DAG job among them."""
+    v3 = _v3_job_samples()
+    out: dict[tuple[str, int], list[Record]] = {}
+    for name in ("kron.commands.CreateJob", "kron.commands.UpdateJob", "kron.state.JobState"):
+        records = v3[(name, 3)]
+        out[(name, 4)] = [*records, {**records[0], "spec": SPEC_PRIORITY_FULL},
+                          {**records[-1], "spec": {**SPEC_DAG_MIN, "priority": "batch"}}]
+    out[("kron.commands.CreateJobs", 4)] = [
+        *v3[("kron.commands.CreateJobs", 3)],
+        {"envelope": _env("job.create_many_requested", 2), "command_id": "cmd-2",
+         "jobs": [{"job_id": "job-4", "idempotency_key": "idem-4", "spec": SPEC_PRIORITY_FULL},
+                  {"job_id": "job-5", "idempotency_key": None,
+                   "spec": {**SPEC_KAFKA_MIN, "priority": "batch"}},
+                  {"job_id": "job-6", "idempotency_key": None,
+                   "spec": {**SPEC_DAG, "priority": "normal"}}]},
+    ]
+    return out
+
+
 def _task_progress(task_id: str, state: str, **counts: int) -> Record:
     return {"task_id": task_id, "state": state, "pending": counts.get("pending", 0),
             "succeeded": counts.get("succeeded", 0), "failed": counts.get("failed", 0),
@@ -594,6 +619,7 @@ SAMPLES: dict[tuple[str, int], list[Record]] = {
     ],
     **_v2_job_samples(),
     **_v3_job_samples(),
+    **_v4_job_samples(),
     ("kron.executions.ExecutionState", 2): _v2_execution_samples(),
     ("kron.commands.CancelRun", 1): [
         _command("run.cancel_requested", 1, full=True, run_id="exec-1", reason="operator"),

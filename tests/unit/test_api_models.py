@@ -115,7 +115,7 @@ def test_other_seed_shorthand_normalises_to_canonical() -> None:
         "misfire": {"kind": "fire_once", "late_by_s": None, "fire_all_cap": 100},
         "dst": {"nonexistent": "shift_forward", "ambiguous": "first"},
         "jitter_s": 0.0, "start_at_ms": None, "end_at_ms": None, "lease_s": 60.0,
-        "metadata": {},
+        "metadata": {}, "priority": "normal",
     }
     canonical = {"name": "cleanup", "schedule": {"cron": "0 2 * * *", "timezone": "UTC"},
                  "target": {"type": "command", "command": "cleanup", "args": {}},
@@ -191,6 +191,7 @@ FULL: dict[str, Any] = {
                "body": '{"ok":true}', "timeout_s": 12.5},
     "retry": {"max_attempts": 7, "backoff": "fixed", "base_s": 0.25, "max_s": 60},
     "concurrency": "skip_if_running",
+    "priority": "batch",
     "misfire": {"kind": "skip_if_late_by", "late_by_s": 90, "fire_all_cap": 5},
     "dst": {"nonexistent": "skip", "ambiguous": "both"},
     "jitter_s": 2.5,
@@ -235,6 +236,7 @@ def test_full_request_maps_every_field() -> None:
     assert spec["misfire"] == {"kind": "skip_if_late_by", "late_by_s": 90.0, "fire_all_cap": 5}
     assert spec["metadata"] == {"owner": "data-team", "tier": "gold"}
     assert (spec["jitter_s"], spec["lease_s"]) == (2.5, 120.0)
+    assert spec["priority"] == "batch"
 
 
 def test_stack_example_spec_survives_request_of() -> None:

@@ -489,3 +489,31 @@ def test_a_v1_tick_reads_as_one_that_decides_nothing_ahead() -> None:
     assert (decoded.version, decoded.reader_version) == (1, 2)
     assert decoded.record["fire_ahead_ms"] == 0
     assert decoded.record["now_ms"] == SAMPLES[(names.TICK, 1)][0]["now_ms"]
+
+
+@pytest.mark.parametrize("name", [names.CREATE_JOB, names.UPDATE_JOB, names.JOB_STATE])
+def test_a_v3_job_reads_as_a_normal_priority_one(name: str) -> None:
+    """v4 appended JobSpec.priority (enum kron.Priority, default normal): a job written by a
+    v3 producer, or kept in a v3 state record, is a normal one; v4 bytes read by a reader
+    pinned to v3 lose only the tier."""
+    codec = Codec(REGISTRY)
+    for record in SAMPLES[(name, 3)]:
+        decoded = codec.decode(codec.encode(name, record, version=3))
+        assert (decoded.version, decoded.reader_version) == (3, 4)
+        assert decoded.record["spec"]["priority"] == "normal"
+        assert list(decoded.record["spec"])[-1] == "priority"
+    batch = {**SAMPLES[(name, 4)][-1]}
+    assert batch["spec"]["priority"] == "batch"
+    old = codec.decode(codec.encode(name, batch), name, reader_version=3)
+    assert "priority" not in old.record["spec"]
+    assert to_jsonable(old.record["spec"]) == to_jsonable(
+        {k: v for k, v in codec.decode(codec.encode(name, batch)).record["spec"].items()
+         if k != "priority"})
+
+
+def test_every_job_spec_v4_defines_the_same_priority_enum() -> None:
+    for name in (names.CREATE_JOB, names.CREATE_JOBS, names.UPDATE_JOB, names.JOB_STATE):
+        raw = json.loads(_path(REGISTRY.get(name, 4)).read_text(encoding="utf-8"))
+        types = _named_types(raw)
+        assert types["kron.Priority"] == (
+            '{"name":"kron.Priority","type":"enum","symbols":["critical","normal","batch"]}')

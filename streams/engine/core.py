@@ -652,8 +652,11 @@ class PartitionCore:
         self.store.put_timer(key, orjson.dumps(data))
 
     def on_tick(self, ctx: Context, *, limit: int = 2000) -> tuple[list[Effect], bool]:
-        """Fire every timer due at or before the tick's time, then (fire-ahead) decide the
-        eligible slots due within ctx.fire_ahead_ms. Returns (effects, more_due)."""
+        """Fire the timers due at or before the tick's time, `limit` at most: if more are
+        due, the round is shared (streams.engine.lanes.pick: the system lane, then tier by
+        tier, the tenants of a tier by weight, each lane in due order). Then, if nothing
+        due is left, (fire-ahead) decide the eligible slots due within ctx.fire_ahead_ms.
+        Returns (effects, more_due)."""
         lanes = self.store.due_lanes(ctx.now_ms)
         try:
             if len(lanes) == 1:  # one lane due (one tenant, say): its timers in due order

@@ -24,6 +24,8 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from streams.domain.policies import Priority
+from streams.domain.tenants import TenantTable
 from streams.domain.timer import LEGACY_LANE, SYSTEM_LANE, Lane, Tier, tenant_hash
 from streams.engine.spec import JobPlan
 
@@ -32,17 +34,15 @@ TimerItem = tuple[bytes, bytes]
 DueLane = tuple[Lane, Generator[TimerItem]]
 
 
-_NORMAL: Final = Tier.NORMAL  # read once: an enum class's attribute costs ~70 ns a read
+# By value (a Priority is a StrEnum: its hash and equality are the string's).
+TIER_OF_PRIORITY: Final[Mapping[str, Tier]] = {
+    Priority.CRITICAL.value: Tier.CRITICAL, Priority.NORMAL.value: Tier.NORMAL,
+    Priority.BATCH.value: Tier.BATCH}
 
 
 def tier_of(plan: JobPlan) -> Tier:
-    """The tier of a job's timers. Every job is `normal` until JobPlan has a priority
-    (then: TIER_OF_PRIORITY[plan.priority])."""
-    return _NORMAL
-
-
-TIER_OF_PRIORITY: Mapping[str, Tier] = {
-    "critical": Tier.CRITICAL, "normal": Tier.NORMAL, "batch": Tier.BATCH}
+    """The tier of a job's timers: its priority's (JobPlan.priority, normal by default)."""
+    return TIER_OF_PRIORITY[plan.priority]
 
 
 LaneWeight = Callable[[Lane], float]
@@ -63,6 +63,13 @@ class TenantWeights:
             raise ValueError(f"the default weight must be positive, not {default}")
         self._by_hash = {tenant_hash(t): float(w) for t, w in (weights or {}).items()}
         self._default = float(default)
+
+    @classmethod
+    def from_table(cls, table: TenantTable) -> TenantWeights:
+        """The weights of a tenants table (KRON_TENANTS_FILE): its listed tenants', and its
+        defaults' for the rest."""
+        return cls({t: q.weight for t, q in table.tenants.items()},
+                   default=table.defaults.weight)
 
     def __call__(self, lane: Lane) -> float:
         return self._by_hash.get(lane.tenant, self._default)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streams.domain.tenants import TenantTable
 from streams.domain.timer import (
     LEGACY_LANE,
     SYSTEM_LANE,
@@ -25,10 +26,8 @@ from streams.domain.timer import (
     encode_timer_key,
     tenant_lane,
 )
-from streams.engine import core as core_module
 from streams.engine.core import Context, Dispatch, Effect, PartitionCore
 from streams.engine.lanes import FairState, TenantWeights, pick
-from streams.engine.spec import JobPlan
 from streams.engine.store import MemoryStore
 from tests.support.stack import spec
 
@@ -101,19 +100,13 @@ def test_a_slot_due_after_a_flood_is_decided_in_the_first_round_at_its_time() ->
     assert Counter(tenants(second)) == {"A": ROUND - 1, "B": 1}
 
 
-def _tier_by_lease(plan: JobPlan) -> Tier:
-    """The tier, until JobPlan has a priority: read from the lease in these tests."""
-    return {61.0: Tier.CRITICAL, 62.0: Tier.NORMAL, 63.0: Tier.BATCH}[plan.lease_s]
-
-
-def test_tiers_order_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core_module, "tier_of", _tier_by_lease)
+def test_tiers_order_decisions() -> None:
     o = Owner()
     # Created batch first: creation order is not decision order.
-    o.one_offs("A", 300, T0, prefix="batch", lease_s=63.0)
-    o.one_offs("B", 300, T0, prefix="normal", lease_s=62.0)
-    o.one_offs("C", 300, T0, prefix="crit", lease_s=61.0)
-    o.one_offs("A", 300, T0, prefix="crit-a", lease_s=61.0)
+    o.one_offs("A", 300, T0, prefix="batch", priority="batch")
+    o.one_offs("B", 300, T0, prefix="normal")  # normal by default
+    o.one_offs("C", 300, T0, prefix="crit", priority="critical")
+    o.one_offs("A", 300, T0, prefix="crit-a", priority="critical")
     decided, more = o.round(T0, limit=1000)
     assert more
     tiers = [d.job_id.split("-")[0] for d in decided]
@@ -333,6 +326,30 @@ def test_tenant_weights_are_looked_up_by_lane() -> None:
     assert weights(_lane("other")) == 2.0
     with pytest.raises(ValueError):
         TenantWeights({"x": 0})
+    table = TenantTable.from_toml("[defaults]\nweight = 2\n[tenants.gold]\nweight = 5\n")
+    weights = TenantWeights.from_table(table)
+    assert weights(_lane("gold")) == 5.0 and weights(_lane("other")) == 2.0
+
+
+def test_a_jobs_timers_are_in_its_tenants_lane_at_its_tier() -> None:
+    o = Owner()
+    [job] = o.one_offs("A", 1, T0, priority="batch",
+                       retry={"max_attempts": 3, "backoff": "fixed", "base_s": 1.0})
+    [(key, _)] = o.store.timers.items()
+    assert decode_timer_key(key).lane == tenant_lane("A", Tier.BATCH)
+    [d], _ = o.round(T0)
+    assert {decode_timer_key(k).lane for k in o.store.timers} == {SYSTEM_LANE}  # its lease
+    o.core.on_report("kron.executions.ExecutionFailed", {
+        "envelope": {"event_id": "r", "event_type": "execution.report", "schema_version": 1,
+                     "occurred_at_ms": T0 + 10, "tenant": "A", "causation_id": None,
+                     "correlation_id": None, "producer": "tests"},
+        "exec_id": d.exec_id, "job_id": job, "scheduled_for_ms": T0, "owner_epoch": 0,
+        "attempt": 1, "fencing_token": d.fencing_token, "started_at_ms": T0,
+        "finished_at_ms": T0 + 10, "error_class": "transient", "error": "boom", "final": False,
+        "status_code": 503, "retry_after_s": None}, o.ctx(T0 + 10))
+    retry = [decode_timer_key(k) for k in o.store.timers
+             if decode_timer_key(k).kind == TimerKind.RETRY]
+    assert [t.lane for t in retry] == [tenant_lane("A", Tier.BATCH)]
 
 
 def _consume(it: Iterator[Any]) -> int:

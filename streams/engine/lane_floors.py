@@ -20,8 +20,8 @@ from streams.domain.timer import due_of, lane_prefix_of
 class LaneFloors:
     """Lane prefix -> floor, for every lane holding a live key, with a heap of (floor due,
     prefix) entries. The heap is lazy: an entry whose lane was dropped or whose floor moved
-    since is skipped (and dropped) when it comes up; it is rebuilt when stale entries
-    outnumber the lanes."""
+    since is stale, passed over when it comes up (and dropped, if popped); the heap is
+    rebuilt when stale entries outnumber the lanes."""
 
     __slots__ = ("_floors", "_heap")
 
@@ -81,16 +81,29 @@ class LaneFloors:
         self._floors.pop(prefix, None)
 
     def due(self, upto_ms: int) -> list[bytes]:
-        """The lanes whose floor is due at or before upto_ms, in key order."""
+        """The lanes whose floor is due at or before upto_ms, in key order. The heap is
+        walked, not popped: from the root, into an entry's children only while it is due
+        (they are no earlier), so the cost is the due entries', and nothing moves."""
         heap, floors = self._heap, self._floors
-        found: dict[bytes, int] = {}
-        while heap and heap[0][0] <= upto_ms:
-            due, prefix = heapq.heappop(heap)
+        size = len(heap)
+        found: set[bytes] = set()
+        stale = 0
+        stack = [0] if size and heap[0][0] <= upto_ms else []
+        while stack:
+            i = stack.pop()
+            due, prefix = heap[i]
             key = floors.get(prefix)
             if key is not None and due_of(key) == due:
-                found[prefix] = due
-        for prefix, due in found.items():
-            heapq.heappush(heap, (due, prefix))
+                found.add(prefix)
+            else:
+                stale += 1
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < size and heap[child][0] <= upto_ms:
+                    stack.append(child)
+        if stale > 16 and stale > len(found):
+            # Each round raises the floors it reads, leaving an entry behind: walked over
+            # again by every later call until they are gone.
+            self._rebuild()
         return sorted(found)
 
     def ascending(self) -> Generator[tuple[int, bytes]]:

@@ -90,22 +90,28 @@ class FairState:
 
 
 class _Reader:
-    """A lane's due timers, one looked at ahead (`head`, None once there are no more),
-    from the first time it is asked for (`open`): until then the lane is not read."""
+    """A lane's due timers, read as they are asked for: `head` is the next one once
+    looked at (`known`), None if there is none. A lane the round does not get to is not
+    read at all, and one that gives a timer is not read ahead for the next."""
 
-    __slots__ = ("gen", "head", "lane", "opened")
+    __slots__ = ("gen", "head", "known", "lane")
 
     def __init__(self, lane: Lane, gen: Generator[TimerItem]) -> None:
         self.lane = lane
         self.gen = gen
         self.head: TimerItem | None = None
-        self.opened = False
+        self.known = False
 
     def open(self) -> TimerItem | None:
-        if not self.opened:
-            self.opened = True
+        """The next timer (read now if not yet), or None."""
+        if not self.known:
+            self.known = True
             self.head = next(self.gen, None)
         return self.head
+
+    def waiting(self) -> bool:
+        """It may hold more (not looked at since its last timer was taken)."""
+        return self.head is not None or not self.known
 
     def take(self, n: int) -> list[TimerItem]:
         head = self.open()
@@ -118,9 +124,10 @@ class _Reader:
         return out
 
     def pop(self) -> TimerItem:
+        """The next timer, known to be there (open); the one after is not read yet."""
         item = self.head
         assert item is not None
-        self.head = next(self.gen, None)
+        self.head, self.known = None, False
         return item
 
 
@@ -153,7 +160,7 @@ def pick(lanes: list[DueLane], limit: int, *, weight: LaneWeight = EQUAL_WEIGHTS
     # Whether anything is left: a lane read and not drained, else any lane not read yet
     # that holds a due timer (the first found answers).
     return out, (any(r.head is not None for r in readers)
-                 or any(r.open() is not None for r in readers if not r.opened))
+                 or any(r.open() is not None for r in readers if not r.known))
 
 
 def _mask(rotation: int) -> int:
@@ -189,10 +196,8 @@ def _turns(tier: int, readers: list[_Reader], room: int, out: list[TimerItem],
         room -= 1
         tag[1] += 1
         vtime = finish
-        if r.head is None:
-            heapq.heappop(heap)
-        else:
-            heapq.heapreplace(heap, (tag[0] + (tag[1] + 1) / tag[2], tie, i))
+        # Whether it has another is seen when its next turn comes.
+        heapq.heapreplace(heap, (tag[0] + (tag[1] + 1) / tag[2], tie, i))
     state.vtime[tier] = vtime
-    # Left waiting: lanes not drained, and those the round did not get to (not read).
-    state.waiting[tier] = {r.lane.prefix for r in readers if r.head is not None or not r.opened}
+    # Left waiting: lanes not seen drained (those the round did not get to included).
+    state.waiting[tier] = {r.lane.prefix for r in readers if r.waiting()}

@@ -30,6 +30,7 @@ from streams.engine.faust_store import (
     TerminalMemo,
     job_encoder,
 )
+from streams.engine.lanes import TenantWeights
 from streams.executor import Executor
 from streams.guard import TargetGuard
 from streams.ticker import Ticker
@@ -69,6 +70,9 @@ class PartitionDriver:
         self.job_cache = RecordCache(schema=JOB_STATE)
         self.execution_cache = RecordCache(schema=EXECUTION_STATE)
         self.plans = PlanCache()
+        # Each tenant's share of a tick's rounds when more is due than a round takes
+        # (streams/engine/lanes.py): KRON_TENANTS_FILE's weights.
+        self.weights = TenantWeights.from_table(settings.tenants)
         # A malformed commands file stops the worker here, naming the line or the entry.
         self.guard = TargetGuard(commands=settings.commands,
                                  topics=settings.topic_grants,
@@ -121,7 +125,8 @@ class PartitionDriver:
                            partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
                            terminal=self.terminal, job_cache=self.job_cache,
                            execution_cache=self.execution_cache)
-        return (PartitionCore(store, self.plans, check_target=self.guard.check),
+        return (PartitionCore(store, self.plans, check_target=self.guard.check,
+                              weights=self.weights),
                 self._context(rec, epoch))
 
     def _context(self, rec: dict[str, Any], epoch: int) -> Context:

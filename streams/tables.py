@@ -20,6 +20,7 @@ from faust.types import TP
 
 from streams.changelog import Changelog
 from streams.domain.fencing import EPOCH_HEADER, EpochFence, epoch_of_headers
+from streams.engine.lane_floors import LaneFloors
 from streams.runtime.stores import StoreTable
 
 # (topic, partition, first offset, end offset) -> the records in that range, in order.
@@ -27,34 +28,34 @@ GapReader = Callable[[str, int, int, int], list[Any]]
 
 
 class KeyFloor:
-    """Per partition, a key that no live key of the local store sorts below.
+    """Per partition of a timers table: its lanes, each with a key that no live key of the
+    lane sorts below (streams.engine.lane_floors.LaneFloors says why).
 
-    A time-ordered table is a queue: fired timers are deleted from its front, and RocksDB
-    keeps their tombstones until compaction. A scan from the first key steps over all of
-    them: 8 ms per seek with 190k tombstones, measured. Seeking from the floor skips them.
-    Every write that can add a key lowers the floor (our puts and every changelog batch a
-    restore or standby applies); a scan raises it to the first live key it finds.
+    Every write that can add a key lowers its lane's floor (our puts and every changelog
+    batch a restore or standby applies), or adds the lane; a scan raises a floor to the
+    first live key it finds, and drops a lane it finds empty. Unknown (None) until the
+    first scan after a reset has found the lanes by skip-scan (faust_store.lanes); writes
+    until then change nothing here.
     """
 
     def __init__(self) -> None:
-        self._floor: dict[int, bytes] = {}
+        self._lanes: dict[int, LaneFloors] = {}
 
-    def get(self, partition: int) -> bytes | None:
-        return self._floor.get(partition)
+    def lanes(self, partition: int) -> LaneFloors | None:
+        """The partition's lanes, or None if not known."""
+        return self._lanes.get(partition)
+
+    def know(self, partition: int, lanes: LaneFloors) -> None:
+        """Every lane holding a live key, each with its first key (a skip-scan's finding)."""
+        self._lanes[partition] = lanes
 
     def lower(self, partition: int, key: bytes) -> None:
-        current = self._floor.get(partition)
-        if current is not None and key < current:
-            self._floor[partition] = key
+        lanes = self._lanes.get(partition)
+        if lanes is not None:
+            lanes.lower(key)
 
     def reset(self) -> None:
-        self._floor.clear()
-
-    def raise_to(self, partition: int, key: bytes) -> None:
-        """Nothing live sorts below `key`: the caller just scanned up to it."""
-        current = self._floor.get(partition)
-        if current is None or key > current:
-            self._floor[partition] = key
+        self._lanes.clear()
 
 
 log = logging.getLogger("kron.tables")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,9 +28,19 @@ from streams.domain.policies import MisfireKind, Overlap, Priority
 from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
 from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Trigger
-from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
+from streams.domain.timer import (
+    LEGACY_LANE,
+    SYSTEM_LANE,
+    Lane,
+    Tier,
+    TimerKind,
+    decode_timer_key,
+    lane_prefix_of,
+    tenant_lane,
+)
 from streams.domain.timer import encode_timer_key as timer_key
 from streams.engine import backfill
+from streams.engine.lanes import EQUAL_WEIGHTS, FairState, LaneWeight, pick, tier_of
 from streams.engine.records import (
     AttemptsFinishedReport,
     BackfillCommand,
@@ -215,10 +226,13 @@ class Context:
     # How far ahead of their due time a tick decides eligible slots (one-offs and `allow`
     # jobs); 0 is off. A field of the tick (its ticker chose it), so replays decide alike.
     fire_ahead_ms: int = 0
-    # Where the next chunk of this tick goes on deciding ahead: the keys before it were
-    # looked at by an earlier chunk, and those it decided are tombstones that a scan from
-    # `now` would walk again for every chunk (quadratic in a spike).
-    ahead_from: bytes = b""
+    # Where the next chunk of this tick goes on deciding ahead, per lane prefix: the keys
+    # before it were looked at by an earlier chunk, and those it decided are tombstones
+    # that a scan from `now` would walk again for every chunk (quadratic in a spike).
+    ahead_from: dict[bytes, bytes] = field(default_factory=dict)
+    # The tenants' turns so far in this tick's rounds (streams.engine.lanes): a tick's
+    # chunks share out the due timers as one round would.
+    fair: FairState | None = None
     effects: list[Effect] = field(default_factory=list)
     # Numbers the records one event writes, so each gets its own deterministic event id.
     seq: int = 0
@@ -235,6 +249,11 @@ class Context:
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
+
+
+def _job_lane(job: JobRecord, plan: JobPlan) -> Lane:
+    """The lane of a job's FIRE timers: its tenant's, at its tier."""
+    return tenant_lane(job["envelope"]["tenant"], tier_of(plan))
 
 
 def _rand(*parts: object) -> float:
@@ -284,10 +303,13 @@ def _no_tenant_checks(tenant: str, target: Any) -> None:
 
 class PartitionCore:
     def __init__(self, store: PartitionStore, plans: PlanCache | None = None, *,
-                 check_target: TargetCheck = _no_tenant_checks) -> None:
+                 check_target: TargetCheck = _no_tenant_checks,
+                 weights: LaneWeight = EQUAL_WEIGHTS) -> None:
         self.store = store
         self._plans = plans if plans is not None else PlanCache()
         self._check_target = check_target
+        # Each tenant's share of a round's decisions (a deployment setting, like the grace).
+        self._weights = weights
         # Stats for logs and benchmarks; never part of a decision.
         self.suppressed = 0
         self.stale_rejected = 0
@@ -517,6 +539,8 @@ class PartitionCore:
                                             job_id=job["job_id"]) > ctx.now_ms:
                 break
             ctx.settled.append(self._fire_key(job, slot.scheduled_for_ms, old))
+            # Armed before timer lanes, perhaps (_disarm).
+            ctx.settled.append(self._fire_key(job, slot.scheduled_for_ms, old, lane=LEGACY_LANE))
             self._fire_scheduled(job, slot, ctx)
 
     def _delete(self, cmd: DeleteJobCommand, job: JobRecord, ctx: Context) -> None:
@@ -566,7 +590,7 @@ class PartitionCore:
             due = ctx.now_ms + int(n * 1000 / rate)
             if n == page:
                 key = timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"],
-                                ref=f"{BACKFILL_PAGE_REF}:{ref}")
+                                ref=f"{BACKFILL_PAGE_REF}:{ref}", lane=_job_lane(job, plan))
                 page_timer: BackfillPageTimer = {
                     "t": BACKFILL_PAGE_REF, "s": slot.scheduled_for_ms, "d": slot.dst_outcome,
                     "to": to_ms, "r": rate, "rerun": rerun, "c": ref}
@@ -577,14 +601,16 @@ class PartitionCore:
                 ex = self.store.execution(exec_id(job["job_id"], slot.scheduled_for_ms))
                 if ex is not None and backfill.may_rerun(ex):
                     rerun_of = ex["attempt"]
-            self._put_paced(job, slot, due, BY_BACKFILL, rerun_of=rerun_of)
+            self._put_paced(job, plan, slot, due, BY_BACKFILL, rerun_of=rerun_of)
             slot = backfill.next_slot(plan, slot.scheduled_for_ms, to_ms)
 
     # --- timers ------------------------------------------------------------------------------
 
-    def _fire_key(self, job: JobRecord, scheduled_for_ms: int, plan: JobPlan) -> bytes:
+    def _fire_key(self, job: JobRecord, scheduled_for_ms: int, plan: JobPlan, *,
+                  lane: Lane | None = None) -> bytes:
         due = apply_jitter(scheduled_for_ms, jitter_s=plan.jitter_s, job_id=job["job_id"])
-        return timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"], ref="")
+        return timer_key(due_ms=due, kind=TimerKind.FIRE, job_id=job["job_id"], ref="",
+                         lane=_job_lane(job, plan) if lane is None else lane)
 
     @staticmethod
     def _slot_from(plan: JobPlan, at_ms: int) -> Slot | None:
@@ -611,25 +637,42 @@ class PartitionCore:
         if job["next_run_at_ms"] is not None:
             plan = self._plan(job)
             self.store.delete_timer(self._fire_key(job, job["next_run_at_ms"], plan))
+            # Armed before timer lanes, perhaps: its key is then in the legacy lane.
+            self.store.delete_timer(self._fire_key(job, job["next_run_at_ms"], plan,
+                                                   lane=LEGACY_LANE))
             job["next_run_at_ms"] = None
 
-    def _put_paced(self, job: JobRecord, slot: Slot, due_ms: int, trigger: Trigger, *,
-                   rerun_of: int | None = None) -> None:
+    def _put_paced(self, job: JobRecord, plan: JobPlan, slot: Slot, due_ms: int,
+                   trigger: Trigger, *, rerun_of: int | None = None) -> None:
         key = timer_key(due_ms=due_ms, kind=TimerKind.FIRE, job_id=job["job_id"],
-                        ref=f"{trigger}:{slot.scheduled_for_ms}")
+                        ref=f"{trigger}:{slot.scheduled_for_ms}", lane=_job_lane(job, plan))
         data: PacedTimer = {"s": slot.scheduled_for_ms, "d": slot.dst_outcome, "t": trigger}
         if rerun_of is not None:
             data["rr"] = rerun_of  # run the slot's execution again if still at this attempt
         self.store.put_timer(key, orjson.dumps(data))
 
     def on_tick(self, ctx: Context, *, limit: int = 2000) -> tuple[list[Effect], bool]:
-        """Fire every timer due at or before the tick's time, then (fire-ahead) decide the
-        eligible slots due within ctx.fire_ahead_ms. Returns (effects, more_due)."""
-        due = self.store.due_timers(due_prefix_upper_bound(ctx.now_ms), limit + 1)
-        fired = due[:limit]
+        """Fire the timers due at or before the tick's time, `limit` at most: if more are
+        due, the round is shared (streams.engine.lanes.pick: the system lane, then tier by
+        tier, the tenants of a tier by weight, each lane in due order). Then, if nothing
+        due is left, (fire-ahead) decide the eligible slots due within ctx.fire_ahead_ms.
+        Returns (effects, more_due)."""
+        lanes = self.store.due_lanes(ctx.now_ms)
+        try:
+            if len(lanes) == 1:  # one lane due (one tenant, say): its timers in due order
+                fired = list(itertools.islice(lanes[0][1], limit + 1))
+                more = len(fired) > limit
+                del fired[limit:]
+            else:
+                if ctx.fair is None:
+                    ctx.fair = FairState()
+                fired, more = pick(lanes, limit, weight=self._weights, state=ctx.fair,
+                                   rotation=ctx.now_ms)
+        finally:
+            for _, reader in lanes:
+                reader.close()
         for key, value in fired:
             self._on_timer(key, value, ctx)
-        more = len(due) > limit
         if ctx.fire_ahead_ms > 0 and not more:
             early, more = self._fire_ahead(ctx, room=limit - len(fired))
             fired += early
@@ -647,17 +690,19 @@ class PartitionCore:
         the due time in the executor. Everything else in the window (leases, retries, paced
         runs, other overlap policies, paused jobs) is left for its due time."""
         fired: list[tuple[bytes, bytes]] = []
-        lower = max(due_prefix_upper_bound(ctx.now_ms), ctx.ahead_from)
-        upper = due_prefix_upper_bound(ctx.now_ms + ctx.fire_ahead_ms)
+        ahead_from = ctx.ahead_from
         # Closed however this ends: a RocksDB iterator must not outlive the event (a
         # rebalance may close the DB while a dead-letter send awaits).
-        with contextlib.closing(self.store.timers_in(lower, upper)) as window:
+        with contextlib.closing(self.store.timers_in(
+                ctx.now_ms, ctx.now_ms + ctx.fire_ahead_ms, ahead_from)) as window:
             for key, value in window:
+                prefix = cast(bytes, lane_prefix_of(key))
                 if len(fired) >= room:
-                    ctx.ahead_from = key
+                    ahead_from[prefix] = key
                     return fired, True
                 if self._fire_early(key, value, ctx):
                     fired.append((key, value))
+                ahead_from[prefix] = key + b"\x00"  # the next key of the lane
         return fired, False
 
     def _fire_early(self, key: bytes, value: bytes, ctx: Context) -> bool:
@@ -888,7 +933,8 @@ class PartitionCore:
         # Named by content: a redelivered event that lists other attempts must not
         # overwrite the timer its first delivery wrote.
         digest = hashlib.blake2b(value, digest_size=8).hexdigest()
-        self.store.put_timer(timer_key(due_ms=due_ms, kind=kind, job_id="", ref=digest), value)
+        self.store.put_timer(timer_key(due_ms=due_ms, kind=kind, job_id="", ref=digest,
+                                       lane=SYSTEM_LANE), value)
 
     def _rearm(self, ex: ExecutionRecord, ctx: Context) -> None:
         """Make sure a live attempt is watched by its timer. A crash between an event's
@@ -1007,7 +1053,7 @@ class PartitionCore:
             self._record_outcome(job, slot, ctx, state=MISSED, reason=reason)
         if plan.misfire.kind == MisfireKind.FIRE_ALL:
             for i, slot in enumerate(fire):
-                self._put_paced(job, slot, ctx.now_ms + i * PACE_MS, BY_MISFIRE)
+                self._put_paced(job, plan, slot, ctx.now_ms + i * PACE_MS, BY_MISFIRE)
             return
         for slot in fire:
             self._on_slot(job, plan, slot, ctx, trigger=BY_MISFIRE)
@@ -1170,15 +1216,25 @@ class PartitionCore:
             result_may_wait=plan.overlap == Overlap.ALLOW and task_id is None,
             run_id=ex["run_id"], task_id=task_id, priority=plan.priority))
 
-    def _put_exec_timer(self, ex: ExecutionRecord, kind: TimerKind, due_ms: int) -> None:
-        key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"])
+    def _exec_lane(self, ex: ExecutionRecord, plan: JobPlan | None = None) -> Lane:
+        """The lane of an execution's timers: its tenant's, at its job's tier."""
+        if plan is None:
+            job = self.store.job(ex["job_id"])
+            plan = None if job is None else self._plan(job)
+        tier = Tier.NORMAL if plan is None else tier_of(plan)
+        return tenant_lane(ex["envelope"]["tenant"], tier)
+
+    def _put_exec_timer(self, ex: ExecutionRecord, kind: TimerKind, due_ms: int,
+                        plan: JobPlan | None = None) -> None:
+        key = timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"], ref=ex["exec_id"],
+                        lane=self._exec_lane(ex, plan))
         value: AttemptTimer = {"a": ex["attempt"]}
         self.store.put_timer(key, orjson.dumps(value))
 
     def _del_exec_timer(self, ex: ExecutionRecord, kind: TimerKind, due_ms: int | None) -> None:
         if due_ms is not None:
             self.store.delete_timer(timer_key(due_ms=due_ms, kind=kind, job_id=ex["job_id"],
-                                              ref=ex["exec_id"]))
+                                              ref=ex["exec_id"], lane=self._exec_lane(ex)))
 
     def _next_attempt(self, job: JobRecord, ex: ExecutionRecord, ctx: Context) -> None:
         self._begin_attempt(job, self._plan(job), ex, ctx)
@@ -1282,7 +1338,7 @@ class PartitionCore:
             ex["state"] = RETRY_PENDING
             retry_at = ex["retry_at_ms"] = ctx.now_ms + int(delay * 1000)
             ex["lease_until_ms"] = None
-            self._put_exec_timer(ex, TimerKind.RETRY, retry_at)
+            self._put_exec_timer(ex, TimerKind.RETRY, retry_at, plan)
             self._save_exec(ctx, ex, "execution.retry_scheduled")
             return
         ex["state"] = FAILED

@@ -8,16 +8,28 @@ access is read-only and never held across an await, because a rebalance may clos
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import heapq
 from collections import OrderedDict
 from collections.abc import Generator, Mapping
 from typing import Any, cast
 
 from schemas import codec
-from streams.domain.timer import TimerKind, due_of, due_prefix_upper_bound, kind_of
+from streams.domain.timer import (
+    Lane,
+    TimerKind,
+    due_bound,
+    due_of,
+    due_order,
+    kind_of,
+    lane_end,
+    lane_of_prefix,
+    lane_prefix_of,
+)
+from streams.engine.lane_floors import LaneFloors
 from streams.engine.records import ExecutionRecord, JobRecord
 from streams.engine.store import TERMINAL, RecordCopier, copy_record, record_copier
-from streams.runtime import OFFSET_KEY as FAUST_OFFSET_KEY
 
 JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
@@ -29,80 +41,172 @@ def job_encoder() -> codec.SplicedEncoder:
     return codec.SplicedEncoder(JOB_STATE, "spec")
 
 
+def lanes(table: Any, partition: int) -> LaneFloors:
+    """Every lane of the partition's timers that holds a live key, each with its floor: the
+    table's key floor (streams.tables.KeyFloor) if it knows them, else found by skip-scan
+    and given to it. The skip-scan seeks to the smallest key, whose prefix names a lane,
+    then to the first key past that lane, and so on: one seek a lane (each stepping over
+    the tombstones at its lane's front once)."""
+    floor = getattr(table, "floor", None)
+    known: LaneFloors | None = floor.lanes(partition) if floor is not None else None
+    if known is not None:
+        return known
+    found: dict[bytes, bytes] = {}
+    it = table.partition_db(partition).iter()
+    it.seek_to_first()
+    while it.valid():
+        key = bytes(it.key())
+        prefix = lane_prefix_of(key)
+        if prefix is None:  # Faust's offset key: it sorts after every lane
+            break
+        found[prefix] = key
+        it.seek(lane_end(prefix))
+    known = LaneFloors(found)
+    if floor is not None:
+        floor.know(partition, known)
+    return known
+
+
+def _first_in_lane(known: LaneFloors, it: Any, prefix: bytes, floor_key: bytes) -> bytes | None:
+    """The lane's first live key, from its floor (raised to it), or None (the lane is
+    dropped): `it` is left on that key."""
+    it.seek(floor_key)
+    key = bytes(it.key()) if it.valid() else None
+    if key is None or key >= lane_end(prefix):
+        known.drop(prefix)
+        return None
+    known.raise_to(prefix, key)
+    return key
+
+
+def due_lanes(table: Any, partition: int,
+              now_ms: int) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
+    """The lanes whose floors are due at or before now_ms, in key order, each with a lazy
+    reader of its due timers (which may find none: a floor is a bound). A lane is only
+    sought when its reader is first read, so a round that takes from a few of many lanes
+    seeks those few. Readers raise and drop floors: the caller reads them before it writes
+    anything, as a floor must never be raised past a key written after the iterator that
+    found it was made."""
+    db = table.partition_db(partition)
+    known = lanes(table, partition)
+    return [(lane_of_prefix(prefix), _due_in_lane(db, known, prefix, now_ms))
+            for prefix in known.due(now_ms)]
+
+
+def _due_in_lane(db: Any, known: LaneFloors, prefix: bytes,
+                 now_ms: int) -> Generator[tuple[bytes, bytes]]:
+    floor_key = known.get(prefix)
+    if floor_key is None:
+        return
+    it = db.iter()
+    key = _first_in_lane(known, it, prefix, floor_key)
+    if key is None:
+        return
+    upper = due_bound(prefix, now_ms)
+    if key < upper:
+        yield from _read_lane(it, key, upper)
+
+
+def _read_lane(it: Any, key: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
+    """From the iterator's key (`key`) on, the pairs below `upper`."""
+    while True:
+        yield key, bytes(it.value())
+        it.next()
+        if not it.valid():
+            return
+        key = bytes(it.key())
+        if key >= upper:
+            return
+
+
 def first_timer_key(table: Any, partition: int) -> bytes | None:
-    """The earliest timer of a partition, or None. Cheap: one seek."""
-    for key, _ in scan(table, partition, limit=1):
-        return key
-    return None
+    """The earliest-due timer of a partition, or None: the lanes taken by their floors'
+    due times (each a bound on the lane's), a seek each, until none can be earlier than
+    the one found."""
+    known = lanes(table, partition)
+    db = table.partition_db(partition)
+    best: bytes | None = None
+    best_due = 0
+    with contextlib.closing(known.ascending()) as ascending:
+        for floor_due, prefix in ascending:
+            if best is not None and floor_due > best_due:
+                break
+            key = _first_in_lane(known, db.iter(), prefix, cast(bytes, known.get(prefix)))
+            if key is not None and (best is None
+                                    or due_order((key, b"")) < due_order((best, b""))):
+                best, best_due = key, due_of(key)
+    return best
 
 
 def first_timer_after(table: Any, partition: int, after_ms: int) -> bytes | None:
-    """The earliest timer due after `after_ms`, or None. One seek."""
-    lower = due_prefix_upper_bound(after_ms)
-    for key, _ in scan_range(table, partition, lower, b"\xff" * 16):
-        return key
-    return None
+    """The earliest timer due after `after_ms`, or None: a seek per lane at most, the
+    lanes taken by their floors' due times until none can be earlier than the one found."""
+    known = lanes(table, partition)
+    db = table.partition_db(partition)
+    best: bytes | None = None
+    best_due = 0
+    with contextlib.closing(known.ascending()) as ascending:
+        for floor_due, prefix in ascending:
+            if best is not None and floor_due > best_due:
+                break
+            it = db.iter()
+            it.seek(max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix))))
+            key = bytes(it.key()) if it.valid() else None
+            if key is None or key >= lane_end(prefix):
+                continue
+            if best is None or due_order((key, b"")) < due_order((best, b"")):
+                best, best_due = key, due_of(key)
+    return best
 
 
 def fire_dues(table: Any, partition: int, after_ms: int, until_ms: int,
               limit: int) -> list[int]:
-    """Due times of the FIRE timers due in (after_ms, until_ms], at most `limit`. Keys
-    only: a spike's thousands of timers are counted, not read."""
-    it = table.partition_db(partition).iter()
-    it.seek(due_prefix_upper_bound(after_ms))
-    upper = due_prefix_upper_bound(until_ms)
+    """Due times of the FIRE timers due in (after_ms, until_ms], at most `limit`, the
+    earliest. Keys only: a spike's thousands of timers are counted, not read."""
     dues: list[int] = []
-    while it.valid() and len(dues) < limit:
-        key = bytes(it.key())
-        if key >= upper:
-            break
-        if key != FAUST_OFFSET_KEY and kind_of(key) == TimerKind.FIRE:
-            dues.append(due_of(key))
-        it.next()
-    return dues
+    db = table.partition_db(partition)
+    known = lanes(table, partition)
+    for prefix in known.due(until_ms):
+        it = db.iter()
+        it.seek(max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix))))
+        upper = due_bound(prefix, until_ms)
+        found = 0
+        while it.valid() and found < limit:
+            key = bytes(it.key())
+            if key >= upper:
+                break
+            if kind_of(key) == TimerKind.FIRE:
+                dues.append(due_of(key))
+                found += 1
+            it.next()
+    dues.sort()
+    return dues[:limit]
 
 
-def scan(table: Any, partition: int, *, upper: bytes | None = None,
-         limit: int) -> list[tuple[bytes, bytes]]:
-    """Ordered (key, value) pairs from the start of the partition's DB, below `upper`."""
-    floor = getattr(table, "floor", None)
-    start = floor.get(partition) if floor is not None else None
-    it = table.partition_db(partition).iter()
-    if start is None:
-        it.seek_to_first()
-    else:
-        it.seek(start)
-    out: list[tuple[bytes, bytes]] = []
-    stop = None
-    while it.valid() and len(out) < limit:
-        key = bytes(it.key())
-        if upper is not None and key >= upper:
-            stop = key
-            break
-        if key != FAUST_OFFSET_KEY:
-            out.append((key, bytes(it.value())))
-        it.next()
-    if floor is not None:
-        # The first live key found, or where the scan stopped with nothing below it.
-        first = out[0][0] if out else stop
-        if first is not None:
-            floor.raise_to(partition, first)
-    return out
-
-
-def scan_range(table: Any, partition: int, lower: bytes,
-               upper: bytes) -> Generator[tuple[bytes, bytes]]:
-    """Ordered (key, value) pairs with lower <= key < upper. A RocksDB iterator reads the
-    snapshot of its creation, so writes made meanwhile are not seen."""
-    it = table.partition_db(partition).iter()
+def _lane_range(it: Any, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
     it.seek(lower)
     while it.valid():
         key = bytes(it.key())
         if key >= upper:
             return
-        if key != FAUST_OFFSET_KEY:
-            yield key, bytes(it.value())
+        yield key, bytes(it.value())
         it.next()
+
+
+def _merged(table: Any, partition: int, after_ms: int, until_ms: int,
+            start: Mapping[bytes, bytes] | None) -> Generator[tuple[bytes, bytes]]:
+    """Timers due in (after_ms, until_ms] of every lane, in due order (heapq.merge of the
+    lanes whose floor is due by until_ms: an iterator each, reading the snapshot of its
+    creation)."""
+    db = table.partition_db(partition)
+    known = lanes(table, partition)
+    runs = []
+    for prefix in known.due(until_ms):
+        lower = max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix)))
+        if start and prefix in start:
+            lower = max(lower, start[prefix])
+        runs.append(_lane_range(db.iter(), lower, due_bound(prefix, until_ms)))
+    yield from heapq.merge(*runs, key=due_order)
 
 
 class TableTimerIndex:
@@ -288,8 +392,9 @@ class TableStore:
         if read or self._get(self._timers, key) is not None:
             self._timers.write(self._partition, key, None, self._epoch)
 
-    def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
-        return scan(self._timers, self._partition, upper=upper, limit=limit)
+    def due_lanes(self, now_ms: int) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
+        return due_lanes(self._timers, self._partition, now_ms)
 
-    def timers_in(self, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
-        return scan_range(self._timers, self._partition, lower, upper)
+    def timers_in(self, after_ms: int, until_ms: int,
+                  start: Mapping[bytes, bytes] | None = None) -> Generator[tuple[bytes, bytes]]:
+        return _merged(self._timers, self._partition, after_ms, until_ms, start)

@@ -10,12 +10,21 @@ from __future__ import annotations
 import bisect
 import copy
 import functools
+import heapq
 from collections.abc import Generator, Mapping
 from typing import Any, Final, Protocol, TypeVar, cast
 
 from schemas import codec, names
 from schemas.registry import default_registry
 from streams.domain.states import ExecutionStatus
+from streams.domain.timer import (
+    Lane,
+    due_bound,
+    due_order,
+    lane_end,
+    lane_of_prefix,
+    lane_prefix_of,
+)
 from streams.engine.records import ExecutionRecord, JobRecord
 
 # A record of no schema in particular (an effect's, say); the state the core reads and
@@ -118,13 +127,19 @@ class PartitionStore(Protocol):
         """
         ...
 
-    def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
-        """Timers whose key sorts below `upper`, in key (so due-time) order."""
+    def due_lanes(self, now_ms: int) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
+        """The lanes (streams.domain.timer) that may hold timers due at or before now_ms
+        (every lane that does, perhaps others), in key order, each with a lazy reader of
+        its due timers in due order. The caller reads them before it writes a timer, and
+        closes them."""
         ...
 
-    def timers_in(self, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
-        """Timers with lower <= key < upper in key order, as they were when the iteration
-        started: the caller may write timers while it iterates."""
+    def timers_in(self, after_ms: int, until_ms: int,
+                  start: Mapping[bytes, bytes] | None = None) -> Generator[tuple[bytes, bytes]]:
+        """Timers due in (after_ms, until_ms], of every lane, in due order (ties in key
+        order past the lane prefix); in a lane whose prefix `start` maps to a key, only
+        those from that key on. As they were when the iteration started: the caller may
+        write timers while it iterates."""
         ...
 
 
@@ -189,10 +204,37 @@ class MemoryStore:
         if self.timers.pop(key, None) is not None:
             del self._keys[bisect.bisect_left(self._keys, key)]
 
-    def due_timers(self, upper: bytes, limit: int) -> list[tuple[bytes, bytes]]:
-        end = bisect.bisect_left(self._keys, upper)
-        return [(k, self.timers[k]) for k in self._keys[: min(end, limit)]]
+    def _lanes(self) -> Generator[tuple[bytes, int, int]]:
+        """(prefix, first index, end index) of each lane holding a key, by skip-scan."""
+        keys, i = self._keys, 0
+        while i < len(keys):
+            prefix = lane_prefix_of(keys[i])
+            if prefix is None:
+                return
+            end = bisect.bisect_left(keys, lane_end(prefix), lo=i)
+            yield prefix, i, end
+            i = end
 
-    def timers_in(self, lower: bytes, upper: bytes) -> Generator[tuple[bytes, bytes]]:
-        lo, hi = bisect.bisect_left(self._keys, lower), bisect.bisect_left(self._keys, upper)
-        yield from [(k, self.timers[k]) for k in self._keys[lo:hi]]
+    def _read_timers(self, keys: list[bytes]) -> Generator[tuple[bytes, bytes]]:
+        for k in keys:
+            yield k, self.timers[k]
+
+    def due_lanes(self, now_ms: int) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
+        out = []
+        for prefix, lo, hi in self._lanes():
+            end = bisect.bisect_left(self._keys, due_bound(prefix, now_ms), lo=lo, hi=hi)
+            if end > lo:
+                out.append((lane_of_prefix(prefix), self._read_timers(self._keys[lo:end])))
+        return out
+
+    def timers_in(self, after_ms: int, until_ms: int,
+                  start: Mapping[bytes, bytes] | None = None) -> Generator[tuple[bytes, bytes]]:
+        keys, runs = self._keys, []
+        for prefix, lo, hi in self._lanes():
+            lower = due_bound(prefix, after_ms)
+            if start and prefix in start:
+                lower = max(lower, start[prefix])
+            first = bisect.bisect_left(keys, lower, lo=lo, hi=hi)
+            end = bisect.bisect_left(keys, due_bound(prefix, until_ms), lo=lo, hi=hi)
+            runs.append([(k, self.timers[k]) for k in keys[first:end]])
+        yield from heapq.merge(*runs, key=due_order)

@@ -686,7 +686,13 @@ def _explain_line(name: str, p: int, off: int, ts: int, epoch: int | None, admit
     if value is None:
         return f"{head} key={key!r} TOMBSTONE"
     if name == "timers":
-        return f"{head} due={int.from_bytes(key[:8], 'big')} key={key[8:]!r} value={value!r}"
+        from streams.domain.timer import decode_timer_key
+        try:
+            tk = decode_timer_key(key)
+        except ValueError:
+            return f"{head} key={key!r} value={value!r}"
+        return (f"{head} due={tk.due_ms} lane={tk.lane.tier}/{tk.lane.tenant} "
+                f"{tk.kind.name} job={tk.job_id!r} ref={tk.ref!r} value={value!r}")
     try:
         rec = codec.decode(value).record
     except Exception as exc:  # a diagnostic: show what is there

@@ -69,7 +69,7 @@ from streams.domain.errors import PermanentError
 from streams.domain.ids import exec_id
 from streams.domain.policies import Overlap
 from streams.domain.schedule import OneOffSchedule, apply_jitter, bounded_next_slot
-from streams.domain.timer import TimerKind, decode_timer_key, due_prefix_upper_bound
+from streams.domain.timer import TimerKind, decode_timer_key
 from streams.engine import core as core_module
 from streams.engine.core import (
     MISFIRE_GRACE_MS,
@@ -758,14 +758,14 @@ class PartitionSim(RuleBasedStateMachine):
         # Let the owner run until nothing is due at the final time (the clock moving on only
         # as far as paced misfire runs need), then nothing may lag.
         for _ in range(5000):
-            if not self.store.due_timers(due_prefix_upper_bound(self.now), 1):
+            if not self.store.due_lanes(self.now):
                 paced = [tk.due_ms for tk in map(decode_timer_key, self.store.timers)
                          if tk.kind == TimerKind.FIRE and tk.ref]
                 if not paced:
                     break
                 self.now = max(self.now, min(paced))
             self._feed("tick", "kron.engine.Tick", {"now_ms": self.now})
-        assert not self.store.due_timers(due_prefix_upper_bound(self.now), 1), "not drained"
+        assert not self.store.due_lanes(self.now), "not drained"
         assert not self._paced(), "paced runs left"
         self.timers_match_state()
         self.no_lost_slot()

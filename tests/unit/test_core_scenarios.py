@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from streams.domain.ids import exec_id
-from streams.domain.timer import TimerKind, decode_timer_key
+from streams.domain.timer import Tier, TimerKind, decode_timer_key, tenant_lane
 from streams.engine import core as core_module
 from streams.engine.core import (
     MISFIRE_GRACE_MS,
@@ -770,12 +770,12 @@ def test_a_tick_deciding_ahead_in_chunks_resumes_where_the_last_chunk_stopped() 
     p = Partition(T0, fire_ahead_ms=3 * SEC)
     for i in range(50):
         p.create(f"once-{i}", run_at_ms=T0 + 2 * SEC + i)
-    lowers: list[bytes] = []
+    starts: list[dict[bytes, bytes]] = []
     timers_in = p.store.timers_in
 
-    def spy(lower: bytes, upper: bytes) -> Any:
-        lowers.append(lower)
-        return timers_in(lower, upper)
+    def spy(after_ms: int, until_ms: int, start: dict[bytes, bytes] | None = None) -> Any:
+        starts.append(dict(start or {}))
+        return timers_in(after_ms, until_ms, start)
 
     ctx = p._ctx()
     decided: list[Dispatch] = []
@@ -787,4 +787,11 @@ def test_a_tick_deciding_ahead_in_chunks_resumes_where_the_last_chunk_stopped() 
             if not more:
                 break
     assert sorted(d.job_id for d in decided) == sorted(f"once-{i}" for i in range(50))
-    assert len(lowers) == 7 and lowers == sorted(set(lowers)), lowers
+    # In each lane (the tenant's, and the system lane its HELD timers go to), each chunk
+    # starts past the keys the one before looked at.
+    assert len(starts) == 7 and starts[0] == {}, starts
+    tenant = tenant_lane("acme", Tier.NORMAL).prefix
+    for lane in {lane for s in starts for lane in s}:
+        lowers = [s[lane] for s in starts if lane in s]
+        assert lowers == sorted(set(lowers)), lowers
+    assert len([s for s in starts if tenant in s]) == 6

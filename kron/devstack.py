@@ -21,6 +21,7 @@ STATE = Path(".kron")
 RUN = STATE / "run"
 BROKER_ROOT = STATE / "broker"
 KEY_FILE = STATE / "dev-api-key"
+WORKER_METRICS_PORT = 9101
 
 
 def dev_api_keys() -> str:
@@ -33,6 +34,11 @@ def dev_api_keys() -> str:
         KEY_FILE.write_text(secrets.token_urlsafe(24) + "\n")
         KEY_FILE.chmod(0o600)
     return f"dev={KEY_FILE.read_text().strip()}"
+
+
+def worker_metrics_port() -> str:
+    """The worker's /metrics port under `make up`: KRON_METRICS_PORT, else 9101."""
+    return os.environ.get("KRON_METRICS_PORT") or str(WORKER_METRICS_PORT)
 
 
 def stack_env(environ: Mapping[str, str], cluster: localkafka.Cluster,
@@ -72,7 +78,10 @@ def up(*, nodes: int = 1) -> None:
         create_topics(settings.model_copy(update={
             "replication_factor": cluster.replication_factor,
             "min_insync_replicas": cluster.min_insync_replicas}))
-        procs.append(spawn("worker", ["worker"], {**env, "KRON_DATA_DIR": str(STATE / "worker-1")}))
+        procs.append(spawn("worker", ["worker"], {
+            **env, "KRON_DATA_DIR": str(STATE / "worker-1"),
+            # A fixed place to scrape the worker (the API serves its own /metrics on :8000).
+            "KRON_METRICS_PORT": worker_metrics_port()}))
         api = spawn("api", ["api"], env)
         procs.append(api)
         url = f"http://{settings.api_host}:{settings.api_port}"
@@ -96,7 +105,8 @@ def _banner(url: str, cluster: localkafka.Cluster, keys: str,
     print(
         f"kron is up.\n"
         f"  broker   {cluster.bootstrap_servers}  (data: {BROKER_ROOT}/)\n"
-        f"  worker   pid {procs[0].pid}  (log: {RUN}/worker.log)\n"
+        f"  worker   pid {procs[0].pid}  (log: {RUN}/worker.log)  metrics "
+        f"http://127.0.0.1:{worker_metrics_port()}/metrics\n"
         f"  api      {url}  docs {url}/docs  pid {procs[1].pid}  (log: {RUN}/api.log)\n"
         f"  api key  tenant '{tenant}': {key}"
         + (f"  (saved in {KEY_FILE})" if KEY_FILE.exists() else "")

@@ -150,6 +150,16 @@ class Settings(BaseSettings):
     executor_concurrency: int = Field(default=1024, ge=1, le=65_536)
     # How often a worker logs its "engine stats" line.
     stats_every_s: float = Field(default=30.0, ge=0.1, le=3600)
+    # Prometheus metrics (streams/metrics.py, api/metrics.py): the API serves /metrics on its
+    # own port, each worker on KRON_METRICS_HOST:KRON_METRICS_PORT (0: a free port, written to
+    # <data_dir>/metrics-port). Off: neither counts anything.
+    metrics_enabled: bool = True
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    # Label values past these many distinct ones (in order of first use) are counted as
+    # `other`: a series per tenant or target host must not grow without bound.
+    metrics_max_tenants: int = Field(default=100, ge=1, le=10_000)
+    metrics_max_hosts: int = Field(default=50, ge=1, le=10_000)
     worker_id: str = Field(default_factory=_default_worker_id)
     log_level: str = "INFO"
 

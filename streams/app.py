@@ -21,6 +21,8 @@ from streams.barrier import DurabilityBarrier
 from streams.collector import IdleCollector
 from streams.engine.faust_store import TableTimerIndex
 from streams.executor import Executor
+from streams.metrics import WorkerCounts
+from streams.metrics_server import WorkerCollector, WorkerProbe
 from streams.partition_driver import (
     IGNORED,
     REPORTS,
@@ -94,6 +96,8 @@ class Engine:
     executor: Executor
     results: ResultBatcher
     ticker: Ticker
+    # /metrics (streams/metrics_server.py), served by run_worker; None with metrics off.
+    metrics: WorkerCollector | None = None
 
     # Unit tests call these unbound, with a stand-in for the lifecycle.
     _build_app = WorkerLifecycle._build_app
@@ -151,7 +155,26 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
                      barrier=barrier, collector=collector,
                      caches=(driver.job_cache, driver.execution_cache))
     return Engine(lifecycle=lifecycle, driver=driver, executor=executor, results=results,
-                  ticker=ticker)
+                  ticker=ticker, metrics=_count_metrics(lifecycle, driver, executor))
+
+
+def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,
+                   executor: Executor) -> WorkerCollector | None:
+    """Counts where they happen (calls, executions' ends, dead letters, changelog acks),
+    gauges read at each scrape (streams/metrics.py)."""
+    settings = lifecycle.settings
+    if not settings.metrics_enabled:
+        return None
+    counts = WorkerCounts(max_tenants=settings.metrics_max_tenants)
+    executor.metrics = driver.metrics = counts
+    driver.store_class = counts.store_class()
+    lifecycle.changelog.on_ack_wait = counts.ack_wait
+    collector = WorkerCollector(WorkerProbe(
+        counts=counts, executor=executor, worker=lifecycle,
+        topics=(settings.topic("commands"), settings.topic("signals")),
+        monotonic=lifecycle.clock.monotonic, max_hosts=settings.metrics_max_hosts))
+    lifecycle.app.task(collector.started)
+    return collector
 
 
 def _track_owned_partitions(lifecycle: WorkerLifecycle, executor: Executor) -> None:

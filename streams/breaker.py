@@ -47,6 +47,11 @@ class CircuitBreaker:
             "failure_ratio": failures / len(results),
         }
 
+    def open_hosts(self) -> list[str]:
+        """Hosts whose dispatch is paused now."""
+        now = self._clock.monotonic()
+        return [host for host, until in self._open_until.items() if until > now]
+
     def is_open(self, host: str) -> bool:
         return host in self._open_until
 

@@ -36,6 +36,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -113,6 +114,8 @@ class Changelog:
         # Immutable, so one per partition serves every write's return value.
         self._sent: dict[int, Sent] = {}
         self.writes = 0
+        # Told how long each flush that had to wait waited for its acks (streams/metrics.py).
+        self.on_ack_wait: Callable[[float], None] | None = None
 
     def produce(self, topic: str, partition: int, key: bytes, value: bytes | None,
                 headers: Headers) -> Sent:
@@ -181,7 +184,12 @@ class Changelog:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((want, fut))
+        if self.on_ack_wait is None:
+            await fut
+            return
+        started = time.monotonic()  # an interval, not the wall clock
         await fut
+        self.on_ack_wait(time.monotonic() - started)
 
     def start(self) -> None:
         """Start producing now, not at the first write: the connection to the broker (and a

@@ -16,7 +16,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from kron.clock import Clock
@@ -28,6 +28,9 @@ from streams.engine.core import Dispatch
 from streams.fair_dispatch import DEFAULT_BOUND, FairQueue, QuotaTable
 from streams.targets import AttemptInfo, Outcome, Runner
 from streams.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from streams.metrics import WorkerCounts
 
 log = logging.getLogger("kron.executor")
 
@@ -95,6 +98,8 @@ class Executor:
         self.completed = 0
         self.fenced = 0
         self.paused = 0  # attempts held back by an open circuit, each time
+        # Counts each call's outcome and lateness (streams/metrics.py); None: not counted.
+        self.metrics: WorkerCounts | None = None
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._concurrency)]
@@ -216,6 +221,15 @@ class Executor:
         self._queue.set_tenants(tenants)
 
     @property
+    def in_flight(self) -> int:
+        """Attempts whose call is under way."""
+        return len(self._inflight)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Attempts due and waiting for a runner or their tenant's rate, per tenant."""
+        return self._queue.depths()
+
+    @property
     def held(self) -> int:
         """Attempts waiting here for a time: decided ahead (their due time) or paused by
         an open circuit (its end)."""
@@ -288,6 +302,9 @@ class Executor:
             await self._pause(job, self.breaker.closes_in_s(host))
             return
         outcome = await self._attempt(job, started)
+        if self.metrics is not None:
+            self.metrics.attempt(d, "succeeded" if outcome.ok else str(outcome.error_class),
+                                 started)
         if host:
             opened = self.breaker.record(host, ok=outcome.ok or
                                          outcome.error_class == ErrorClass.PERMANENT)

@@ -339,6 +339,15 @@ class FairQueue(Generic[T]):
                     lane.deficit = 0.0
         return dropped
 
+    def depths(self) -> dict[str, int]:
+        """Attempts in the queue per tenant, every tier (a scrape's, not the hot path's)."""
+        out: dict[str, int] = {}
+        for lanes in self._lanes:
+            for tenant, lane in lanes.items():
+                if lane.items:
+                    out[tenant] = out.get(tenant, 0) + len(lane.items)
+        return out
+
     def throttled_items(self) -> Iterator[T]:
         """The attempts set aside for their tenant's rate."""
         for _, _, lane in self._parked:

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas import codec, names
 from schemas.envelope import make_envelope
@@ -35,6 +35,9 @@ from streams.executor import Executor
 from streams.guard import TargetGuard
 from streams.ticker import Ticker
 from streams.worker_lifecycle import RAW, RESULTS, WorkerLifecycle
+
+if TYPE_CHECKING:
+    from streams.metrics import WorkerCounts
 
 log = logging.getLogger("kron.engine")
 
@@ -83,6 +86,10 @@ class PartitionDriver:
         self._keep_specs = job_encoder().field_schema == self.batch_reader.field_schema
         # This process: slots it decides ahead are held here and nowhere else.
         self.incarnation = uuid.uuid4().hex
+        # Metrics (streams/metrics.py): dead letters counted here, executions' ends by the
+        # store class the counts give. None: nothing counted.
+        self.metrics: WorkerCounts | None = None
+        self.store_class: type[TableStore] = TableStore
 
     def connect(self, *, executor: Executor, ticker: Ticker) -> None:
         self.executor, self.ticker = executor, ticker
@@ -121,10 +128,11 @@ class PartitionDriver:
 
     def _core(self, partition: int, rec: dict[str, Any]) -> tuple[PartitionCore, Context]:
         epoch = self._runtime.epoch()
-        store = TableStore(jobs=self.jobs, executions=self.executions, timers=self.timers,
-                           partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
-                           terminal=self.terminal, job_cache=self.job_cache,
-                           execution_cache=self.execution_cache)
+        store = self.store_class(
+            jobs=self.jobs, executions=self.executions, timers=self.timers,
+            partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
+            terminal=self.terminal, job_cache=self.job_cache,
+            execution_cache=self.execution_cache)
         return (PartitionCore(store, self.plans, check_target=self.guard.check,
                               weights=self.weights),
                 self._context(rec, epoch))
@@ -272,6 +280,8 @@ class PartitionDriver:
             elif isinstance(effect, Cancel):
                 self.executor.cancel(effect.exec_id)
             elif isinstance(effect, Emit):
+                if effect.topic == "dead-letters" and self.metrics is not None:
+                    self.metrics.dead_letter(str(effect.record.get("error_class")))
                 await self._topic(effect.topic).send(
                     key=effect.key.encode(), value=codec.encode(effect.name, effect.record))
 
@@ -288,6 +298,8 @@ class PartitionDriver:
         self.stats.dead_letters += 1
         error_class = ("decode" if isinstance(exc, DecodeError)
                        else "validation" if isinstance(exc, PermanentError) else "handler")
+        if self.metrics is not None:
+            self.metrics.dead_letter(error_class)
         event_id = f"dlq:{msg.topic}:{msg.partition}:{msg.offset}"
         error = f"{type(exc).__name__}: {exc}"
         if item is not None:

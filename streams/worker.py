@@ -36,6 +36,11 @@ def run_worker(settings: Settings) -> None:
     engine = build_engine(settings)
     localstate.prepare(settings.data_dir, Path(engine.app.conf.tabledir))
     _restore_stores(settings, engine)
+    if engine.metrics is not None:
+        from streams.metrics_server import serve
+
+        serve(engine.metrics, host=settings.metrics_host, port=settings.metrics_port,
+              data_dir=settings.data_dir)
     worker = _bounded_stop_worker_class()(
         engine.app, loglevel=settings.log_level.lower(), logfile=None, quiet=True,
         redirect_stdouts=False, override_logging=False)  # keep the JSON log handler

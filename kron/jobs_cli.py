@@ -64,7 +64,8 @@ def _show(data: Any, as_json: bool, rows: list[dict[str, Any]] | None = None,
 
 
 JOB_COLUMNS = ("job_id", "name", "status", "next_run_at", "version")
-RUN_COLUMNS = ("run_id", "state", "trigger", "scheduled_for", "attempt", "lateness_ms", "error")
+RUN_COLUMNS = ("run_id", "state", "reason", "trigger", "scheduled_for", "attempt", "lateness_ms",
+               "error")
 
 
 @jobs_app.command("create")

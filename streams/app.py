@@ -20,6 +20,7 @@ from kron.settings import Settings
 from streams.barrier import DurabilityBarrier
 from streams.collector import IdleCollector
 from streams.engine.faust_store import TableTimerIndex
+from streams.engine.running_gate import RunningGate
 from streams.executor import Executor
 from streams.metrics import WorkerCounts
 from streams.metrics_server import WorkerCollector, WorkerProbe
@@ -147,7 +148,7 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
         concurrency=settings.executor_concurrency,
         before_dispatch=barrier.wait if settings.dispatch_barrier else None,
         may_dispatch=lifecycle.owns, tenants=settings.tenants, partitions=settings.partitions)
-    _track_owned_partitions(lifecycle, executor)
+    _track_owned_partitions(lifecycle, executor, driver.gate)
     ticker = Ticker(host=_TickerHost(lifecycle, driver, executor),
                     fire_ahead_s=settings.fire_ahead_s, worker_id=settings.worker_id)
     driver.connect(executor=executor, ticker=ticker)
@@ -177,13 +178,16 @@ def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,
     return collector
 
 
-def _track_owned_partitions(lifecycle: WorkerLifecycle, executor: Executor) -> None:
-    """Tenants' dispatch rates are split over the partitions by the share this worker owns:
-    tell the executor at each assignment."""
+def _track_owned_partitions(lifecycle: WorkerLifecycle, executor: Executor,
+                            gate: RunningGate) -> None:
+    """Tenants' dispatch rates and max_running are split over the partitions by the share
+    this worker owns: tell the executor and the gate at each assignment."""
 
     def assigned(app: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
         try:
-            executor.set_owned_partitions(lifecycle.owned_partitions())
+            owned = lifecycle.owned_partitions()
+            executor.set_owned_partitions(owned)
+            gate.set_owned(owned)
         except Exception:  # the rates keep the last share; a crash here would stop the app
             log.exception("owned partitions not counted after an assignment")
 

@@ -31,6 +31,7 @@ from streams.engine.faust_store import (
     job_encoder,
 )
 from streams.engine.lanes import TenantWeights
+from streams.engine.running_gate import PartitionGate, RunningGate
 from streams.executor import Executor
 from streams.guard import TargetGuard
 from streams.ticker import Ticker
@@ -76,6 +77,10 @@ class PartitionDriver:
         # Each tenant's share of a tick's rounds when more is due than a round takes
         # (streams/engine/lanes.py): KRON_TENANTS_FILE's weights.
         self.weights = TenantWeights.from_table(settings.tenants)
+        # Each tenant's max_running, counted over the partitions this worker owns (one gate
+        # for them all; streams/engine/running_gate.py).
+        self.gate = RunningGate(settings.tenants, partitions=settings.partitions)
+        self._gates: dict[int, PartitionGate] = {}
         # A malformed commands file stops the worker here, naming the line or the entry.
         self.guard = TargetGuard(commands=settings.commands,
                                  topics=settings.topic_grants,
@@ -133,8 +138,11 @@ class PartitionDriver:
             partition=partition, epoch=epoch, on_timer=self.ticker.timer_added,
             terminal=self.terminal, job_cache=self.job_cache,
             execution_cache=self.execution_cache)
+        gate = self._gates.get(partition)
+        if gate is None:
+            gate = self._gates[partition] = PartitionGate(self.gate, partition)
         return (PartitionCore(store, self.plans, check_target=self.guard.check,
-                              weights=self.weights),
+                              weights=self.weights, gate=gate),
                 self._context(rec, epoch))
 
     def _context(self, rec: dict[str, Any], epoch: int) -> Context:

@@ -4,8 +4,8 @@ The file::
 
     [defaults]                # for tenants not listed; every key optional
     weight = 1                # share of a worker's dispatches (1..1000)
-    max_running = 1000        # its executions running at once (a worker splits it across
-                              # the partitions it owns)
+    max_running = 0           # its executions running at once (a worker splits it across
+                              # the partitions it owns); 0: unlimited
     dispatch_rate_per_s = 0   # dispatches a second, a token bucket per tenant in each
                               # worker; 0: unlimited
     create_rate_per_s = 200   # API writes a second (a token bucket per tenant)
@@ -54,7 +54,9 @@ class TenantQuotas:
     """
 
     weight: int = 1
-    max_running: int = 1000
+    # 0: unlimited. A cap is opt-in: a capped tenant's slots are not decided ahead of
+    # their time (fire-ahead), and a slot over it costs one more execution record.
+    max_running: int = 0
     dispatch_rate_per_s: float = 0.0
     create_rate_per_s: float = 200.0
     create_burst: int = 400
@@ -90,7 +92,7 @@ def _num(x: float) -> str:
 # In TenantQuotas' field order; the file takes exactly these keys in a section.
 RULES: Final[Mapping[str, _Rule]] = {
     "weight": _Rule(True, 1, WEIGHT_MAX),
-    "max_running": _Rule(True, 1, MAX_RUNNING_MAX),
+    "max_running": _Rule(True, 0, MAX_RUNNING_MAX),
     "dispatch_rate_per_s": _Rule(False, 0, RATE_MAX),
     "create_rate_per_s": _Rule(False, 0, RATE_MAX, lo_open=True),
     "create_burst": _Rule(True, 1, COUNT_MAX),

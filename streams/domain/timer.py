@@ -43,6 +43,8 @@ class TimerKind(IntEnum):
     # Attempts decided ahead, looked at when they fall due: in another process than the
     # one holding their calls, that one is gone (see PartitionCore._hand_over).
     HELD = 5
+    # An execution queued by its tenant's max_running: started when the tenant has room.
+    WAIT = 6
 
 
 class Tier(IntEnum):
@@ -75,6 +77,16 @@ class Lane:
     @property
     def legacy(self) -> bool:
         return self.tenant == -1
+
+
+# A tenant's queued executions (TimerKind.WAIT) are in a lane of their own per tier, its
+# tier byte offset by this: the owner reads such a lane only while the tenant has room
+# (PartitionCore.on_tick), so a tenant at its cap costs no tick any work.
+WAITING_TIER = 0x10
+
+
+def is_waiting(lane: Lane) -> bool:
+    return lane.tier >= WAITING_TIER
 
 
 SYSTEM_LANE = Lane(Tier.SYSTEM, 0)

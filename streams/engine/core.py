@@ -31,11 +31,14 @@ from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Tr
 from streams.domain.timer import (
     LEGACY_LANE,
     SYSTEM_LANE,
+    WAITING_TIER,
     Lane,
     Tier,
     TimerKind,
     decode_timer_key,
+    is_waiting,
     lane_prefix_of,
+    tenant_hash,
     tenant_lane,
 )
 from streams.domain.timer import encode_timer_key as timer_key
@@ -62,6 +65,7 @@ from streams.engine.records import (
     TriggerJobCommand,
     UpdateJobCommand,
 )
+from streams.engine.running_gate import CONCURRENCY_REASON, PartitionGate, ungated
 from streams.engine.runs import DagRuns, is_run, is_task, retry_of, task_target
 from streams.engine.spec import JobPlan, branch, plan_of
 from streams.engine.store import TERMINAL, PartitionStore, Record
@@ -304,12 +308,14 @@ def _no_tenant_checks(tenant: str, target: Any) -> None:
 class PartitionCore:
     def __init__(self, store: PartitionStore, plans: PlanCache | None = None, *,
                  check_target: TargetCheck = _no_tenant_checks,
-                 weights: LaneWeight = EQUAL_WEIGHTS) -> None:
+                 weights: LaneWeight = EQUAL_WEIGHTS, gate: PartitionGate | None = None) -> None:
         self.store = store
         self._plans = plans if plans is not None else PlanCache()
         self._check_target = check_target
         # Each tenant's share of a round's decisions (a deployment setting, like the grace).
         self._weights = weights
+        # Tenants' max_running in this worker (streams/engine/running_gate.py).
+        self._gate = gate if gate is not None else ungated()
         # Stats for logs and benchmarks; never part of a decision.
         self.suppressed = 0
         self.stale_rejected = 0
@@ -659,7 +665,15 @@ class PartitionCore:
         Returns (effects, more_due)."""
         lanes = self.store.due_lanes(ctx.now_ms)
         try:
-            if len(lanes) == 1:  # one lane due (one tenant, say): its timers in due order
+            started: list[tuple[bytes, bytes]] = []
+            if any(is_waiting(lane) for lane, _ in lanes):
+                started = self._start_waiting(lanes, limit, ctx)
+                lanes = [(lane, reader) for lane, reader in lanes if not is_waiting(lane)]
+                limit -= len(started)
+            if not lanes:
+                fired: list[tuple[bytes, bytes]] = []
+                more = False
+            elif len(lanes) == 1:  # one lane due (one tenant, say): its timers in due order
                 fired = list(itertools.islice(lanes[0][1], limit + 1))
                 more = len(fired) > limit
                 del fired[limit:]
@@ -673,6 +687,7 @@ class PartitionCore:
                 reader.close()
         for key, value in fired:
             self._on_timer(key, value, ctx)
+        fired += started
         if ctx.fire_ahead_ms > 0 and not more:
             early, more = self._fire_ahead(ctx, room=limit - len(fired))
             fired += early
@@ -684,6 +699,60 @@ class PartitionCore:
         for key, _ in fired:
             self.store.delete_timer(key, read=True)
         return ctx.effects, more
+
+    def _start_waiting(self, lanes: list[tuple[Lane, Any]], limit: int,
+                       ctx: Context) -> list[tuple[bytes, bytes]]:
+        """Start the queued executions of the tenants that have room, each tenant's in the
+        order their slots were due, before the round's other timers; a lane of a tenant
+        still at its cap is not read. Returns the WAIT timers done with (to delete)."""
+        done: list[tuple[bytes, bytes]] = []
+        for lane, reader in lanes:
+            if not is_waiting(lane) or len(done) >= limit:
+                continue
+            room = self._gate.room(lane.tenant)
+            take = limit - len(done) if room is None else min(room, limit - len(done))
+            for key, value in itertools.islice(reader, take):
+                if self._start_queued(key, ctx):
+                    done.append((key, value))
+        return done
+
+    def _start_queued(self, key: bytes, ctx: Context) -> bool:
+        """A queued execution's turn: it starts if its tenant has room. False if not (its
+        timer stays); True when its timer is done with (started, or no longer queued)."""
+        tk = decode_timer_key(key)
+        ex = self.store.execution(tk.ref)
+        job = self.store.job(tk.job_id)
+        if ex is None or job is None or ex["state"] != QUEUED:
+            return True
+        if not self._gate.admit(job["envelope"]["tenant"], ex["exec_id"]):
+            return False
+        plan = self._plan(job)
+        ex["reason"] = None
+        if plan.dag is not None:
+            self._runs.start(job, plan, ex, ctx)
+        else:
+            self._begin_attempt(job, plan, ex, ctx)
+        return True
+
+    def _queue_for_room(self, job: JobRecord, plan: JobPlan, ex: ExecutionRecord,
+                        ctx: Context) -> None:
+        """The tenant is at its max_running: the execution waits, recorded `queued`."""
+        ex["reason"] = CONCURRENCY_REASON
+        self._put_wait_timer(ex, plan)
+        self._save_exec(ctx, ex, "execution.queued")
+
+    def _wait_key(self, ex: ExecutionRecord, plan: JobPlan | None = None) -> bytes:
+        if plan is None:
+            job = self.store.job(ex["job_id"])
+            plan = None if job is None else self._plan(job)
+        tier = Tier.NORMAL if plan is None else tier_of(plan)
+        lane = Lane(WAITING_TIER + tier, tenant_hash(ex["envelope"]["tenant"]))
+        return timer_key(due_ms=ex["scheduled_for_ms"], kind=TimerKind.WAIT,
+                         job_id=ex["job_id"], ref=ex["exec_id"], lane=lane)
+
+    def _put_wait_timer(self, ex: ExecutionRecord, plan: JobPlan | None = None) -> None:
+        value: AttemptTimer = {"a": ex["attempt"]}
+        self.store.put_timer(self._wait_key(ex, plan), orjson.dumps(value))
 
     def _fire_ahead(self, ctx: Context, *, room: int) -> tuple[list[tuple[bytes, bytes]], bool]:
         """Decide the eligible slots due in (now, now + fire_ahead]; their calls wait for
@@ -718,6 +787,8 @@ class PartitionCore:
             return False
         if job["running"] and self._plan(job).overlap != Overlap.ALLOW:
             return False  # a one-off with a manual run in flight: its policy judges at due
+        if self._gate.capped(job["envelope"]["tenant"]):
+            return False  # its cap judges at due: a held call must not hold its room
         self._fire_scheduled(job, Slot(scheduled_for_ms=data["s"], dst_outcome=data["d"]),
                              ctx, not_before_ms=tk.due_ms)
         return True
@@ -951,6 +1022,8 @@ class PartitionCore:
             self._lease(ex, cast(int, ex["lease_until_ms"]), ctx)
         elif ex["state"] == RETRY_PENDING:
             self._put_exec_timer(ex, TimerKind.RETRY, cast(int, ex["retry_at_ms"]))
+        elif ex["state"] == QUEUED:
+            self._put_wait_timer(ex)
 
     def _check_leases(self, entries: list[list[Any]], ctx: Context) -> None:
         for entry in entries:
@@ -1156,6 +1229,9 @@ class PartitionCore:
         if len(job["running"]) >= RUNNING_PRUNE_AT:
             self._prune_running(job)
         job["running"].append(ex_id)
+        if not self._gate.admit(job["envelope"]["tenant"], ex_id):
+            self._queue_for_room(job, plan, ex, ctx)
+            return
         if plan.dag is not None:
             self._runs.start(job, plan, ex, ctx)  # a DAG job's slot is a run of its tasks
             return
@@ -1175,6 +1251,7 @@ class PartitionCore:
             self._prune_running(job)
         if ex["exec_id"] not in job["running"]:  # `allow` keeps finished runs listed a while
             job["running"].append(ex["exec_id"])
+        self._gate.enter(job["envelope"]["tenant"], ex["exec_id"])
         self._begin_attempt(job, plan, ex, ctx, event_type=backfill.RERUN_STARTED)
 
     def _prune_running(self, job: JobRecord) -> None:
@@ -1254,6 +1331,8 @@ class PartitionCore:
         """Cancel the execution's attempt: the call is stopped, and bumping the token fences
         it (its late report is rejected)."""
         self._del_exec_timer(ex, TimerKind.RETRY, ex["retry_at_ms"])
+        if ex["state"] == QUEUED:
+            self.store.delete_timer(self._wait_key(ex))
         ctx.effects.append(Cancel(exec_id=ex["exec_id"], fencing_token=ex["fencing_token"]))
         ex["fencing_token"] += 1
         ex["state"] = CANCELLED
@@ -1369,6 +1448,8 @@ class PartitionCore:
         """
         ex["lease_until_ms"] = None
         self._save_exec(ctx, ex, event_type)
+        if ex["run_id"] is None:
+            self._gate.release(job["envelope"]["tenant"], ex["exec_id"])
         if ex["run_id"] is not None:
             self._runs.task_done(job, ex, ctx)  # a task instance: its run decides what follows
             return

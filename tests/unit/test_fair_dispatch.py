@@ -17,6 +17,7 @@ from kron.clock import ManualClock, SystemClock
 from streams.domain.policies import Priority
 from streams.domain.tenants import TenantTable
 from streams.engine.core import Context, Dispatch, PartitionCore
+from streams.engine.running_gate import RunningGate
 from streams.engine.store import MemoryStore
 from streams.executor import Executor
 from streams.fair_dispatch import LOWER_TIER_SHARE, FairQueue, TokenBucket
@@ -460,10 +461,12 @@ def test_the_executor_learns_its_share_of_partitions_at_each_assignment() -> Non
     ex = Executor(runners={}, report=None, clock=clock, worker_id="w",  # type: ignore[arg-type]
                   tenants=Tenants({"a": Quotas(dispatch_rate_per_s=80)}), partitions=8)
     lifecycle = _Lifecycle(frozenset({0, 1}))
-    _track_owned_partitions(lifecycle, ex)  # type: ignore[arg-type]
+    gate = RunningGate(TenantTable.from_toml("[tenants.a]\nmax_running = 8\n"), partitions=8)
+    _track_owned_partitions(lifecycle, ex, gate)  # type: ignore[arg-type]
     (assigned,) = lifecycle.app.on_partitions_assigned.receivers
     assigned(lifecycle.app, set(), signal=None)
     assert ex._queue.owned_partitions == 2
+    assert gate.share("a") == 2  # and the running cap: 8 x 2/8
     for i in range(1000):
         ex.submit(attempt(f"a{i}", tenant="a"), 0)
     queue = ex._queue

@@ -29,7 +29,7 @@ from tests.unit.test_dag_query import execution
 GOOD = """\
 [defaults]            # for tenants not listed; every key optional
 weight = 1            # share of each decision and dispatch round (int 1..1000)
-max_running = 1000
+max_running = 0
 dispatch_rate_per_s = 0   # 0 = unlimited
 create_rate_per_s = 200
 create_burst = 400
@@ -119,7 +119,7 @@ BAD = [
     ("[defaults]\nmax_active_jobs = 1970-01-01\n", 2, "got a date or time"),
     ("[defaults]\nweight = 0\n", 2, "defaults.weight must be an integer in 1..1000; got 0"),
     ("\n[tenants.acme]\nweight = 1001\n", 3, "tenants.acme.weight must be an integer in 1..1000"),
-    ("[tenants.acme]\nmax_running = 0\n", 2, "tenants.acme.max_running"),
+    ("[tenants.acme]\nmax_running = -1\n", 2, "tenants.acme.max_running"),
     ("[tenants.acme]\ndispatch_rate_per_s = -1\n", 2,
      "dispatch_rate_per_s must be a number in 0.."),
     ("[tenants.acme]\ncreate_rate_per_s = 0\n", 2, "create_rate_per_s must be a number in (0, "),
@@ -199,7 +199,7 @@ def test_the_settings_limits_are_the_defaults_defaults(tmp_path: Path) -> None:
 
 def test_a_malformed_file_stops_the_settings_naming_file_and_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write(tmp_path, "[tenants.acme]\nweight = 1\nmax_running = 0\n")
+    path = write(tmp_path, "[tenants.acme]\nweight = 1\nmax_running = -1\n")
     with pytest.raises(ValidationError, match=f"KRON_TENANTS_FILE {path}, line 3: "
                                               "tenants.acme.max_running"):
         settings(tmp_path, tenants_file=path)

@@ -5,9 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint down reset setup jars clean
+.PHONY: up test lint down reset setup jars chromium clean
 
-setup: $(STAMP) jars
+setup: $(STAMP) jars chromium
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; kron needs Python 3.11" >&2; exit 2; }
@@ -18,6 +18,16 @@ $(STAMP): pyproject.toml
 
 jars: $(STAMP)
 	@$(BIN)/kron dev jars >/dev/null
+
+# Debian's chromium, for the dashboard's browser test (Playwright drives it; it downloads
+# no browser of its own). Installed once, as root or through `sudo -n`; where neither can,
+# a warning (`make up` needs no browser) and the browser test fails saying so.
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$SUDO apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "warning: could not install chromium (Debian's package, as root)" >&2; }
 
 up: setup
 	$(BIN)/kron dev up

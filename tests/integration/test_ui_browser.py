@@ -1,0 +1,241 @@
+"""The dashboard in a real browser: Debian's chromium, headless, driven by Playwright, against
+the real stack (the broker, a worker and `kron api` as processes, a loopback HTTP target).
+
+One user story: sign in with tenant acme's key, create a cron job through the form, see its
+runs succeed on the job page, pause it, find it by its label, see the overview's counts and
+charts and a failed run on the failures page; then sign in as globex and see none of it.
+Along the way: hostile job names render as text, and no page breaks its Content-Security-
+Policy or throws.
+
+With KRON_UI_SCREENSHOT=1 the job page's screenshot is written to docs/img/dashboard.png
+(the README's); otherwise to the test's tmp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.stack import wait_until
+
+pytestmark = pytest.mark.integration
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
+expect = sync_api.expect
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO / "docs" / "img" / "dashboard.png"
+HOSTILE = '<img src=x onerror="window.__xss=1">'
+
+
+def chromium_path() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("Debian's chromium is not installed: `make setup` installs it (as root, "
+                    "or through sudo -n), or `apt-get install chromium`")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Tab:
+    """A page in a context of its own (its own sessionStorage), recording what broke."""
+
+    def __init__(self, browser: Any, base: str) -> None:
+        self.base = base
+        self.context = browser.new_context(viewport={"width": 1280, "height": 860})
+        self.context.set_default_timeout(20_000)
+        self.page = self.context.new_page()
+        self.problems: list[str] = []
+        self.failed: list[tuple[int, str]] = []  # answers >= 400: (status, path)
+        # A CSP violation or a script error is a console error; a failed answer is one too
+        # ("Failed to load resource"), recorded by its path instead.
+        self.page.on("console", lambda m: self.problems.append(m.text)
+                     if m.type == "error" and "Failed to load resource" not in m.text
+                     else None)
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("response", lambda r: self.failed.append(
+            (r.status, r.url.removeprefix(base))) if r.status >= 400 else None)
+        self.page.on("dialog", lambda d: d.accept())
+
+    def go(self, path: str) -> Any:
+        self.page.goto(self.base + path)
+        return self.page
+
+    def sign_in(self, key: str, then: str = "/ui") -> None:
+        page = self.go(then)
+        page.wait_for_url("**/ui/signin?next=*")
+        page.fill("#signin-key", key)
+        page.click("#signin-submit")
+        page.wait_for_url(self.base + then)
+
+    def text(self, selector: str) -> str:
+        return str(self.page.text_content(selector) or "")
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def api_job(c: httpx.Client, **fields: Any) -> str:
+    r = c.post("/v1/jobs", json={"run_at": datetime.now(UTC).isoformat(), **fields})
+    assert r.status_code == 201, r.text
+    return str(r.json()["job_id"])
+
+
+def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
+        api_stack, browser, tmp_path: Path) -> None:
+    base, receiver = api_stack.api.url, api_stack.receiver
+    label = f"ui-{uuid.uuid4().hex[:6]}"
+    name = f"every-2s-{label}"
+    with api_stack.client() as c:
+        # A failed run for the failures page, and a job whose name is markup.
+        failing = api_job(c, name=f"failing-{label}", retry={"max_attempts": 1},
+                          target={"url": f"{receiver.url}/status/500"})
+        api_job(c, name=HOSTILE, metadata={"team": label, HOSTILE: HOSTILE},
+                target={"url": f"{receiver.url}/ok"})
+
+    acme = Tab(browser, base)
+    try:
+        # A wrong key is refused and stays off the page's storage.
+        page = acme.go("/ui/jobs")
+        page.wait_for_url("**/ui/signin?next=*")
+        page.fill("#signin-key", "not-a-key")
+        page.click("#signin-submit")
+        page.wait_for_selector("#signin-error:not([hidden])")
+        assert "not valid" in acme.text("#signin-error")
+        assert page.evaluate("sessionStorage.getItem('kron.key')") is None
+        page.fill("#signin-key", "key-acme")
+        page.click("#signin-submit")
+        page.wait_for_url(base + "/ui/jobs")
+        assert acme.text("#tenant") == "acme"
+
+        # Create a cron job through the form: every 2 seconds, at the loopback target.
+        page.click("#new-job")
+        page.wait_for_url(base + "/ui/jobs/new")
+        page.fill("#f-name", name)
+        page.check("#f-cron-kind")
+        page.fill("#f-cron", "*/2 * * * * *")
+        page.fill("#f-tz", "Europe/Berlin")
+        page.select_option("#f-method", "POST")
+        page.fill("#f-url", f"{receiver.url}/ok")
+        page.fill("#f-metadata", f"team={label}\nowner=ui-test")
+        page.click("#f-submit")
+        page.wait_for_url("**/ui/jobs/j_*")
+        job_id = page.url.rsplit("/", 1)[-1]
+        page.wait_for_selector("#job:not([hidden])")
+        assert acme.text("#job-name") == name
+        assert acme.text("#job-status") == "active"
+        assert page.locator("#upcoming li").count() == 5
+        assert "Europe/Berlin" in acme.text("#upcoming")
+        assert f'"team": "{label}"' in acme.text("#job-spec")
+
+        # Its runs succeed, on the job page (which refreshes itself).
+        page.wait_for_selector("#runs tbody tr .state-succeeded", timeout=60_000)
+        assert receiver.wait_for(job_id, 1, 10), api_stack.worker.log()[-3000:]
+        done = page.locator("#runs tbody tr:has(.state-succeeded)").first
+        assert "ms" in str(done.locator("td").nth(4).text_content())  # its lateness
+        run_id = str(done.get_attribute("data-run-id"))
+
+        # Pause it: the page shows it paused, the API agrees, the pause button is spent.
+        page.click("#btn-pause")
+        expect(page.locator("#job-status")).to_have_text("paused")
+        assert page.is_disabled("#btn-pause") and page.is_enabled("#btn-resume")
+        with api_stack.client() as c:
+            assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "paused"
+        page.wait_for_selector("#upcoming-note:has-text('Paused')")
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOT if os.environ.get("KRON_UI_SCREENSHOT") == "1" else (
+            tmp_path / "dashboard.png")
+        page.screenshot(path=str(shot), full_page=False)
+        assert shot.stat().st_size > 10_000
+
+        # A run's page: its attempts and status codes.
+        page.click(f"#runs tbody tr[data-run-id='{run_id}'] a")
+        page.wait_for_selector("#run:not([hidden])")
+        assert acme.text("#run-state") == "succeeded"
+        assert "200" in acme.text("#attempts tbody")
+        page.click("#run-job")
+        page.wait_for_url(f"{base}/ui/jobs/{job_id}")
+
+        # The jobs list finds it by its label and kind; the markup name is only text.
+        page = acme.go(f"/ui/jobs?label=team%3D{label}")
+        page.wait_for_selector("#jobs tbody tr")
+        names = page.locator("#jobs tbody tr td:first-child").all_text_contents()
+        assert sorted(names) == sorted([name, HOSTILE])
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("#jobs img").count() == 0
+        page.select_option("#filter-kind", "cron")
+        page.click("#job-filter button[type=submit]")
+        expect(page.locator("#jobs tbody tr")).to_have_count(1)
+        assert acme.text("#jobs tbody").startswith(name)
+        assert "kind=cron" in page.url
+
+        # The overview: counts from /v1/stats, executions and lateness drawn for the hour.
+        page = acme.go("/ui")
+        page.wait_for_selector("#chart-executions svg rect.bar:not([height='0'])")
+        expect(page.locator("#count-succeeded")).not_to_have_text("\u2013")
+        assert int(acme.text("#count-succeeded")) >= 1
+        assert page.locator("#chart-lateness svg polyline").count() == 2
+        if os.environ.get("KRON_UI_SCREENSHOT") == "1":
+            page.screenshot(path=str(SCREENSHOT.with_name("dashboard-overview.png")))
+
+        # The failures page: the failed run, and what it says of dead letters.
+        with api_stack.client() as c:
+            assert wait_until(lambda: [r for r in c.get(f"/v1/jobs/{failing}/runs").json()[
+                "runs"] if r["state"] == "failed"], 60)
+        page = acme.go("/ui/failures")
+        page.wait_for_selector(f"#failed-runs tbody tr:has-text('failing-{label}')")
+        assert "dead" in acme.text("#dead-letters-note").lower()
+        assert acme.problems == [], acme.problems
+        # The wrong key's 401, and the probe for a dead-letter API that is not there yet.
+        assert {p for _, p in acme.failed} <= {"/v1/stats", "/v1/dead-letters"}, acme.failed
+    finally:
+        acme.close()
+
+    # Another tenant signs in: the job is not found, the list is empty, the run not found.
+    globex = Tab(browser, base)
+    try:
+        globex.sign_in("key-globex", then=f"/ui/jobs/{job_id}")
+        page = globex.page
+        page.wait_for_selector("#notice:not([hidden])")
+        assert "not found" in globex.text("#notice").lower()
+        assert page.is_hidden("#job")
+        assert globex.text("#job-name") == ""
+        page = globex.go(f"/ui/jobs?label=team%3D{label}")
+        page.wait_for_selector("#jobs-empty:not([hidden])")
+        assert page.locator("#jobs tbody tr").count() == 0
+        page = globex.go("/ui/jobs")
+        page.wait_for_selector("#jobs-empty:not([hidden])")
+        page = globex.go(f"/ui/runs/{run_id}")
+        page.wait_for_selector("#notice:not([hidden])")
+        assert "not found" in globex.text("#notice").lower()
+        page = globex.go("/ui/failures")
+        page.wait_for_selector("#failures-empty:not([hidden])")
+        # Signing out forgets the key: the next page asks for one again.
+        page.click("#signout")
+        page.wait_for_url("**/ui/signin")
+        assert page.evaluate("sessionStorage.getItem('kron.key')") is None
+        assert globex.problems == [], globex.problems
+        assert {s for s, _ in globex.failed} == {404}, globex.failed
+        assert {p for _, p in globex.failed} == {
+            f"/v1/jobs/{job_id}", f"/v1/runs/{run_id}", "/v1/dead-letters"}, globex.failed
+    finally:
+        globex.close()
+
+    with api_stack.client() as c:  # the job stops calling the target
+        assert c.delete(f"/v1/jobs/{job_id}").status_code == 200

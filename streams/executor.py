@@ -203,9 +203,10 @@ class Executor:
         refuse (the attempt is recorded as started), so the bound is backpressure on what
         decides attempts: it waits for room first, then decides with a fresh `now`. The
         worker's ticker does (it reads `full`, streams/app.py), which covers due slots,
-        retries and lease expiries; attempts decided from commands (a trigger, a job due at
-        its create) and DAG tasks released by a parent's result still come in while full,
-        one record of the agent's at a time."""
+        retries and lease expiries, and the partition agent before each command or report
+        record it reads (streams/partition_driver.py). What one record decides still comes
+        in whole: at most a tick's chunk, a CreateJobs chunk, or the tasks one result
+        releases over the bound."""
         await self._queue.room()
 
     def set_owned_partitions(self, owned: Collection[int]) -> None:

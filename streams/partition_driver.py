@@ -115,6 +115,10 @@ class PartitionDriver:
                 if decoded.name == names.TICK:
                     await self._tick(msg.partition, decoded.record)
                     continue
+                if self.executor.full:
+                    # A command may start attempts (a trigger, a job due at its create, a
+                    # backfill): it waits for the dispatch queue's room as a tick does.
+                    await self.executor.room()
                 if decoded.name == names.CREATE_JOBS:
                     await self._create_jobs(msg, decoded.record, spec_bytes)
                     continue

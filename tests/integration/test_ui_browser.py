@@ -7,13 +7,14 @@ charts and a failed run on the failures page; then sign in as globex and see non
 Along the way: hostile job names render as text, and no page breaks its Content-Security-
 Policy or throws.
 
-With KRON_UI_SCREENSHOT=1 the job page's screenshot is written to docs/img/dashboard.png
-(the README's); otherwise to the test's tmp dir."""
+Screenshots of the pages go to the test's tmp dir; with KRON_UI_SCREENSHOT=1 to docs/img/
+(dashboard.png, the job page, is the README's)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from streams.domain.ids import exec_id
 from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.integration
@@ -31,7 +33,8 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[
 expect = sync_api.expect
 
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOT = REPO / "docs" / "img" / "dashboard.png"
+SHOTS = REPO / "docs" / "img"  # with KRON_UI_SCREENSHOT=1: the README's and the docs'
+
 HOSTILE = '<img src=x onerror="window.__xss=1">'
 
 
@@ -100,6 +103,8 @@ def api_job(c: httpx.Client, **fields: Any) -> str:
 def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         api_stack, browser, tmp_path: Path) -> None:
     base, receiver = api_stack.api.url, api_stack.receiver
+    shots = SHOTS if os.environ.get("KRON_UI_SCREENSHOT") == "1" else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
     label = f"ui-{uuid.uuid4().hex[:6]}"
     name = f"every-2s-{label}"
     with api_stack.client() as c:
@@ -108,6 +113,18 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
                           target={"url": f"{receiver.url}/status/500"})
         api_job(c, name=HOSTILE, metadata={"team": label, HOSTILE: HOSTILE},
                 target={"url": f"{receiver.url}/ok"})
+        # A DAG run: a fans out to b (which fails) and c; d needs both, so it never runs.
+        slot = time.time_ns() // 1_000_000
+        dag_job = api_job(c, name=f"dag-{label}", run_at=datetime.fromtimestamp(
+            slot / 1000, UTC).isoformat(), dag={"tasks": [
+                {"id": "a", "target": {"type": "http", "url": f"{receiver.url}/ok"}},
+                {"id": "b", "target": {"type": "http", "url": f"{receiver.url}/status/500"},
+                 "depends_on": ["a"], "retry": {"max_attempts": 1}},
+                {"id": "c", "target": {"type": "http", "url": f"{receiver.url}/ok"},
+                 "depends_on": ["a"]},
+                {"id": "d", "target": {"type": "http", "url": f"{receiver.url}/ok"},
+                 "depends_on": ["b", "c"]}]})
+        dag_run = exec_id(dag_job, slot)
 
     acme = Tab(browser, base)
     try:
@@ -158,10 +175,8 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         with api_stack.client() as c:
             assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "paused"
         page.wait_for_selector("#upcoming-note:has-text('Paused')")
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        shot = SCREENSHOT if os.environ.get("KRON_UI_SCREENSHOT") == "1" else (
-            tmp_path / "dashboard.png")
-        page.screenshot(path=str(shot), full_page=False)
+        shot = shots / "dashboard.png"
+        page.screenshot(path=str(shot))
         assert shot.stat().st_size > 10_000
 
         # A run's page: its attempts and status codes.
@@ -171,6 +186,18 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         assert "200" in acme.text("#attempts tbody")
         page.click("#run-job")
         page.wait_for_url(f"{base}/ui/jobs/{job_id}")
+
+        # A DAG run's page: its tasks drawn and listed, coloured by state.
+        page = acme.go(f"/ui/runs/{dag_run}")
+        page.wait_for_selector("#dag-graph g.node.state-upstream_failed", timeout=60_000)
+        expect(page.locator("#run-state")).to_have_text("failed")
+        states = {str(n.get_attribute("data-task-id")): str(n.get_attribute("class"))
+                  for n in page.locator("#dag-graph g.node").all()}
+        assert states == {"a": "node state-succeeded", "b": "node state-failed",
+                          "c": "node state-succeeded", "d": "node state-upstream_failed"}
+        assert page.locator("#dag-graph line.edge").count() == 4
+        assert "500" in acme.text("#tasks tbody tr[data-task-id='b']")
+        page.screenshot(path=str(shots / "dashboard-dag.png"))
 
         # The jobs list finds it by its label and kind; the markup name is only text.
         page = acme.go(f"/ui/jobs?label=team%3D{label}")
@@ -184,6 +211,7 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         expect(page.locator("#jobs tbody tr")).to_have_count(1)
         assert acme.text("#jobs tbody").startswith(name)
         assert "kind=cron" in page.url
+        page.screenshot(path=str(shots / "dashboard-jobs.png"))
 
         # The overview: counts from /v1/stats, executions and lateness drawn for the hour.
         page = acme.go("/ui")
@@ -191,8 +219,7 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         expect(page.locator("#count-succeeded")).not_to_have_text("\u2013")
         assert int(acme.text("#count-succeeded")) >= 1
         assert page.locator("#chart-lateness svg polyline").count() == 2
-        if os.environ.get("KRON_UI_SCREENSHOT") == "1":
-            page.screenshot(path=str(SCREENSHOT.with_name("dashboard-overview.png")))
+        page.screenshot(path=str(shots / "dashboard-overview.png"))
 
         # The failures page: the failed run, and what it says of dead letters.
         with api_stack.client() as c:
@@ -201,6 +228,7 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         page = acme.go("/ui/failures")
         page.wait_for_selector(f"#failed-runs tbody tr:has-text('failing-{label}')")
         assert "dead" in acme.text("#dead-letters-note").lower()
+        page.screenshot(path=str(shots / "dashboard-failures.png"))
         assert acme.problems == [], acme.problems
         # The wrong key's 401, and the probe for a dead-letter API that is not there yet.
         assert {p for _, p in acme.failed} <= {"/v1/stats", "/v1/dead-letters"}, acme.failed

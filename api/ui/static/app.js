@@ -416,6 +416,7 @@ function pageJob() {
 
 function pageRun() {
   const id = document.body.dataset.runId;
+  let named = false;
   const timer = every(2, async () => {
     const res = await api("GET", "/v1/runs/" + encodeURIComponent(id));
     if (res.status === 404) {
@@ -427,6 +428,11 @@ function pageRun() {
     if (!res.ok) return notice(problem(res), "error");
     showRun(res.data);
     if (DONE.has(res.data.state)) clearInterval(timer);
+    if (!named) {  // the job's name, once (a deleted job's runs keep its id only)
+      named = true;
+      const job = await api("GET", "/v1/jobs/" + encodeURIComponent(res.data.job_id));
+      if (job.ok) $("#run-job").textContent = job.data.name;
+    }
   });
 }
 
@@ -436,7 +442,7 @@ function showRun(r) {
   st.textContent = r.state;
   st.className = "badge state-" + safeClass(r.state);
   const job = $("#run-job");
-  job.textContent = r.job_id;
+  if (!job.textContent) job.textContent = r.job_id;
   job.href = "/ui/jobs/" + encodeURIComponent(r.job_id);
   const fields = [["scheduled for", when(r.scheduled_for)], ["trigger", r.trigger],
     ["started", when(r.started_at)], ["finished", when(r.finished_at)],

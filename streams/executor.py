@@ -24,7 +24,7 @@ from kron.timefmt import iso
 from schemas.envelope import make_envelope
 from streams.breaker import CircuitBreaker
 from streams.domain.retry import ErrorClass
-from streams.engine.core import Dispatch
+from streams.engine.core import HELD_REASON, Dispatch
 from streams.fair_dispatch import DEFAULT_BOUND, FairQueue, QuotaTable
 from streams.targets import AttemptInfo, Outcome, Runner
 from streams.tasks import cancel_and_wait
@@ -39,6 +39,9 @@ CANCELLED_MAX = 65_536
 # whose lease ends within a third of its length are extended (a heartbeat, as a long call's):
 # they wait, they do not fail.
 THROTTLED_BEAT_EVERY_S = 1.0
+# An attempt held back that long for its tenant's rate is reported held (a heartbeat with
+# `held_for`): its run shows `queued`, reason "dispatch rate", until it is called.
+HELD_NOTICE_S = 1.0
 
 class Reporter(Protocol):
     """Sends a record to the partition's own signals. `wait_until_lease_ms`, given with a
@@ -56,6 +59,9 @@ class Job:
     lease_deadline: float  # monotonic
     # Its start is known to be acknowledged by Kafka (see Executor._confirm_held).
     durable: bool = False
+    queued_at: float = 0.0  # monotonic: when it went into the queue
+    # Reported held for its tenant's rate: told again when it is called.
+    held_noticed: bool = False
 
 
 class Executor:
@@ -123,7 +129,7 @@ class Executor:
         # its time, and dropping those calls left a slot to its lease expiry (a fault run
         # lost attempts that way); calling races the owner's retry only as a new attempt.
         job = Job(dispatch=dispatch, partition=partition,
-                  lease_deadline=mono + hold_s + dispatch.lease_s)
+                  lease_deadline=mono + hold_s + dispatch.lease_s, queued_at=mono + hold_s)
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job, dispatch.priority)
             return
@@ -250,7 +256,9 @@ class Executor:
         soon; those whose lease ran out already are left to the owner (it retries them)."""
         now = self._clock.monotonic()
         due = [job for job in self._queue.throttled_items()
-               if now < job.lease_deadline < now + job.dispatch.lease_s / 3
+               if now < job.lease_deadline
+               and (job.lease_deadline < now + job.dispatch.lease_s / 3
+                    or (not job.held_noticed and now - job.queued_at >= HELD_NOTICE_S))
                and job.dispatch.exec_id not in self._cancelled
                and (self._may_dispatch is None or self._may_dispatch(job.partition))]
         if not due:
@@ -259,8 +267,9 @@ class Executor:
             await self._before_dispatch()  # no heartbeat for a start Kafka may not have
         for job in due:
             job.durable = True
+            job.held_noticed = True
             job.lease_deadline = self._clock.monotonic() + job.dispatch.lease_s
-            await self._beat(job, job.dispatch.lease_s)
+            await self._beat(job, job.dispatch.lease_s, held_for=HELD_REASON)
 
     async def _loop(self) -> None:
         while True:
@@ -296,6 +305,9 @@ class Executor:
         if d.exec_id in self._cancelled:
             del self._cancelled[d.exec_id]
             return  # the owner recorded it cancelled; its token is fenced already
+        if job.held_noticed:  # its run shows it held for the rate: no more
+            job.lease_deadline = self._clock.monotonic() + d.lease_s
+            await self._beat(job, d.lease_s)
         started = self._clock.now_ms()
         target = d.target
         host = (urlsplit(target["url"]).hostname or "") if "url" in target else ""
@@ -370,13 +382,14 @@ class Executor:
             await self._beat(job, d.lease_s)
             await asyncio.sleep(d.lease_s / 3)
 
-    async def _beat(self, job: Job, lease_s: float) -> None:
-        """Tell the owner the attempt is still ours, its lease running `lease_s` from now."""
+    async def _beat(self, job: Job, lease_s: float, *, held_for: str | None = None) -> None:
+        """Tell the owner the attempt is still ours, its lease running `lease_s` from now,
+        and whether its call still waits here (`held_for`: why)."""
         d, now = job.dispatch, self._clock.now_ms()
         await self._report(job.partition, "kron.executions.ExecutionHeartbeat", {
-            **self._base(d, "execution.heartbeat", now),
+            **self._base(d, "execution.held" if held_for else "execution.heartbeat", now),
             "attempt": d.attempt, "fencing_token": d.fencing_token,
-            "lease_until_ms": now + int(lease_s * 1000),
+            "lease_until_ms": now + int(lease_s * 1000), "held_for": held_for,
         })
 
     def _base(self, d: Dispatch, event_type: str, now_ms: int) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from api.projection import Views
 from kron.timefmt import iso
+from streams.domain.states import QueueReason
 
 STATES = ("queued", "running", "retry_pending", "succeeded", "failed", "skipped", "missed",
           "cancelled")
@@ -32,10 +33,18 @@ def run_summary(views: Views, last: dict[str, Any] | None) -> dict[str, Any] | N
     return run_out(ex) if ex else None
 
 
+def shown_state(ex: dict[str, Any]) -> str:
+    """A running execution whose call waits in the worker for its tenant's dispatch rate
+    (the worker reports it held) is queued to its user."""
+    state = str(ex["state"])
+    return ("queued" if state == "running" and ex["reason"] == QueueReason.DISPATCH_RATE
+            else state)
+
+
 def run_out(ex: dict[str, Any]) -> dict[str, Any]:
     """A run in lists (`responses.Run`)."""
     return {
-        "run_id": ex["exec_id"], "job_id": ex["job_id"], "state": ex["state"],
+        "run_id": ex["exec_id"], "job_id": ex["job_id"], "state": shown_state(ex),
         "trigger": ex["trigger"], "scheduled_for": iso(ex["scheduled_for_ms"]),
         "attempt": ex["attempt"], "worker": ex["worker"],
         "started_at": iso(ex["started_at_ms"]) if ex["started_at_ms"] else None,

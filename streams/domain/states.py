@@ -76,3 +76,13 @@ class Trigger(StrEnum):
 
     # A slot of the job's own schedule (not a manual run, not a backfill).
     OWN_SCHEDULE = nonmember(frozenset({SCHEDULE, MISFIRE}))
+
+
+class QueueReason(StrEnum):
+    """Why an execution is `queued` to its user (its ``reason``, an Avro string: write
+    ``.value``). CONCURRENCY: recorded queued, its tenant at its max_running
+    (streams/engine/running_gate.py). DISPATCH_RATE: recorded running, its call held in the
+    worker for its tenant's dispatch rate (the API shows it queued)."""
+
+    CONCURRENCY = "tenant concurrency limit"
+    DISPATCH_RATE = "dispatch rate"

@@ -27,7 +27,13 @@ from streams.domain.misfire import MissReason, resolve_misfire
 from streams.domain.policies import MisfireKind, Overlap, Priority
 from streams.domain.retry import ErrorClass, retry_delay_s, should_retry
 from streams.domain.schedule import OneOffSchedule, Slot, apply_jitter, bounded_next_slot
-from streams.domain.states import AttemptOutcome, ExecutionStatus, JobStatus, Trigger
+from streams.domain.states import (
+    AttemptOutcome,
+    ExecutionStatus,
+    JobStatus,
+    QueueReason,
+    Trigger,
+)
 from streams.domain.timer import (
     LEGACY_LANE,
     SYSTEM_LANE,
@@ -70,6 +76,9 @@ from streams.engine.runs import DagRuns, is_run, is_task, retry_of, task_target
 from streams.engine.spec import JobPlan, branch, plan_of
 from streams.engine.store import TERMINAL, PartitionStore, Record
 
+# The reason a running execution shows while its call waits for its tenant's dispatch rate
+# in the worker (streams/executor.py reports it): the API shows such a run `queued`.
+HELD_REASON: Final = QueueReason.DISPATCH_RATE.value
 # How late a slot may be found before misfire policy applies: covers tick and GC jitter,
 # not downtime.
 MISFIRE_GRACE_MS = 5_000
@@ -1378,7 +1387,11 @@ class PartitionCore:
             # fires it finds the later time and re-arms itself.
             beat = cast(ExecutionHeartbeatReport, rep)
             ex["lease_until_ms"] = max(ex["lease_until_ms"] or 0, beat["lease_until_ms"])
-            self._save_exec(ctx, ex, "execution.heartbeat")
+            # Its call waits in the worker (its tenant's dispatch rate), or no longer does.
+            held_for = beat.get("held_for")
+            if held_for is not None or ex["reason"] == HELD_REASON:
+                ex["reason"] = held_for
+            self._save_exec(ctx, ex, "execution.held" if held_for else "execution.heartbeat")
         elif kind == "ExecutionSucceeded":
             done = cast(SucceededReport, rep)
             _close_attempt(ex, done, OUTCOME_SUCCEEDED)
@@ -1477,6 +1490,8 @@ def _close_attempt(ex: ExecutionRecord, rep: Mapping[str, Any], outcome: str) ->
     """Close the last attempt as `rep` says it ended: a report (lone or batched: not every
     schema has every field read here), or the core's own verdict (a lease that expired)."""
     last = ex["attempts"][-1]
+    if ex["reason"] == HELD_REASON:  # called after all (its end came before the word)
+        ex["reason"] = None
     last["finished_at_ms"] = rep.get("finished_at_ms")
     last["outcome"] = outcome
     last["status_code"] = rep.get("status_code")

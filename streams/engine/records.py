@@ -242,6 +242,8 @@ class ExecutionHeartbeatReport(_AttemptReport):
     """kron.executions.ExecutionHeartbeat: the attempt is alive until lease_until_ms."""
 
     lease_until_ms: int
+    # v2: why the call still waits in the worker ("dispatch rate"); None once called.
+    held_for: str | None
 
 
 class AttemptResult(TypedDict):

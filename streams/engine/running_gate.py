@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
+from streams.domain.states import QueueReason
 from streams.domain.tenants import TenantTable
 from streams.domain.timer import tenant_hash
 
 # The reason a queued execution shows (ExecutionState.reason) while it waits.
-CONCURRENCY_REASON = "tenant concurrency limit"
+CONCURRENCY_REASON = QueueReason.CONCURRENCY.value
 
 
 class RunningGate:

@@ -635,6 +635,13 @@ SAMPLES: dict[tuple[str, int], list[Record]] = {
         {"envelope": _env("engine.ticked", 2, full=False), "partition": INT_MAX,
          "now_ms": LONG_MAX, "fire_ahead_ms": 0},
     ],
+    # v2 adds `held_for`: the attempt waits in the worker (its tenant's dispatch rate).
+    ("kron.executions.ExecutionHeartbeat", 2): [
+        _exec("execution.held", 1, full=True, attempt=2, fencing_token=42,
+              lease_until_ms=T0 + 90_000, held_for="dispatch rate"),
+        _exec("execution.heartbeat", 2, full=False, attempt=1, fencing_token=1,
+              lease_until_ms=T0, held_for=None),
+    ],
     # v2 adds `rerun` (default false): a v1 backfill reads as one that leaves recorded slots.
     ("kron.commands.BackfillJob", 2): [
         _command("job.backfill_requested", 1, full=True, from_ms=LONG_MIN, to_ms=LONG_MAX,

@@ -29,7 +29,7 @@ from kron.localkafka import free_ports
 from kron.processes import ApiProcess, WorkerProcess
 from kron.settings import Settings
 from tests.conftest import fresh_settings
-from tests.support.stack import Commands, spec, wait_until
+from tests.support.stack import Commands, executions, spec, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -172,6 +172,13 @@ def test_the_dispatch_rate_holds_within_ten_percent_over_twenty_seconds(
             worker.stop()
         times = starts([h for j in ids for h in receiver.hits_for(j)])
         assert len(times) == count  # none lost, none twice
+        # Those held back a second or more said why while they waited (a run shows them
+        # queued, reason "dispatch rate"); each ended succeeded with no reason left.
+        records = [e for e in executions(settings) if e["job_id"] in set(ids)]
+        held = {e["exec_id"] for e in records if e["reason"] == "dispatch rate"}
+        assert len(held) > count // 2, len(held)
+        last = {e["exec_id"]: e for e in records}
+        assert {(e["state"], e["reason"]) for e in last.values()} == {("succeeded", None)}
         # After the bucket's first second's worth, WINDOW_S seconds of calls at the rate.
         steady = [t for t in times if times[int(RATE)] <= t < times[int(RATE)] + WINDOW_S]
         rate = (len(steady) - 1) / (steady[-1] - steady[0])

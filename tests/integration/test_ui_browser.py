@@ -13,6 +13,7 @@ Screenshots of the pages go to the test's tmp dir; with KRON_UI_SCREENSHOT=1 to 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import uuid
@@ -198,6 +199,16 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         assert page.locator("#dag-graph line.edge").count() == 4
         assert "500" in acme.text("#tasks tbody tr[data-task-id='b']")
         page.screenshot(path=str(shots / "dashboard-dag.png"))
+        # A failed DAG run can be retried from its page (b fails again), not cancelled.
+        assert page.is_hidden("#btn-cancel")
+        page.click("#btn-retry")
+        expect(page.locator("#run-action-result")).to_have_text(re.compile(r"^Retry: "))
+        with api_stack.client() as c:
+            def b_attempts() -> int:
+                tasks = c.get(f"/v1/runs/{dag_run}").json()["tasks"]
+                return len(next(t for t in tasks if t["task_id"] == "b")["attempts"])
+
+            assert wait_until(lambda: b_attempts() == 2, 60), c.get(f"/v1/runs/{dag_run}").text
 
         # The jobs list finds it by its label and kind; the markup name is only text.
         page = acme.go(f"/ui/jobs?label=team%3D{label}")
@@ -229,6 +240,13 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         page.wait_for_selector(f"#failed-runs tbody tr:has-text('failing-{label}')")
         assert "dead" in acme.text("#dead-letters-note").lower()
         page.screenshot(path=str(shots / "dashboard-failures.png"))
+        # Deleting a job from its page (the dialog is accepted) leads back to the list.
+        page.click(f"#failed-runs a[href='/ui/jobs/{failing}']")
+        page.wait_for_selector("#job:not([hidden])")
+        page.click("#btn-delete")
+        page.wait_for_url(base + "/ui/jobs")
+        with api_stack.client() as c:
+            assert c.get(f"/v1/jobs/{failing}").status_code == 404
         assert acme.problems == [], acme.problems
         # The wrong key's 401, and the probe for a dead-letter API that is not there yet.
         assert {p for _, p in acme.failed} <= {"/v1/stats", "/v1/dead-letters"}, acme.failed

@@ -394,6 +394,10 @@ function pageJob() {
     $("#action-result").textContent = label + "…";
     const res = await api(method, url);
     $("#action-result").textContent = res.ok ? label + ": done" : label + " failed: " + problem(res);
+    if (res.ok && method === "DELETE") {
+      location.assign("/ui/jobs");  // a deleted job's page is not found
+      return;
+    }
     if (await loadJob()) { loadUpcoming(); loadRuns(); }
   }
 
@@ -417,7 +421,8 @@ function pageJob() {
 function pageRun() {
   const id = document.body.dataset.runId;
   let named = false;
-  const timer = every(2, async () => {
+  let timer = null;
+  const load = async () => {
     const res = await api("GET", "/v1/runs/" + encodeURIComponent(id));
     if (res.status === 404) {
       clearInterval(timer);
@@ -433,7 +438,10 @@ function pageRun() {
       const job = await api("GET", "/v1/jobs/" + encodeURIComponent(res.data.job_id));
       if (job.ok) $("#run-job").textContent = job.data.name;
     }
-  });
+  };
+  const start = () => { clearInterval(timer); timer = every(2, load); };
+  runActions(id, start);
+  start();
 }
 
 function showRun(r) {
@@ -467,7 +475,25 @@ function showRun(r) {
   $("#attempts-empty").hidden = attempts.length > 0;
   $("#attempts-section").hidden = !!r.tasks && !attempts.length;
   if (r.tasks) showTasks(r.tasks);
+  // Cancel and retry take DAG runs (POST /v1/runs/{id}:cancel, :retry).
+  const dagRun = !!r.tasks && !r.task_id;
+  $("#btn-cancel").hidden = !(dagRun && r.state === "running");
+  $("#btn-retry").hidden = !(dagRun && (r.state === "failed" || r.state === "cancelled"));
   $("#run").hidden = false;
+}
+
+function runActions(id, reload) {
+  const act = async (label, action) => {
+    $("#run-action-result").textContent = label + "…";
+    const res = await api("POST", "/v1/runs/" + encodeURIComponent(id) + ":" + action);
+    $("#run-action-result").textContent = res.ok
+      ? label + ": " + (res.data.applied ? "done" : "sent") : label + " failed: " + problem(res);
+    reload();
+  };
+  $("#btn-cancel").addEventListener("click", () => {
+    if (confirm("Cancel this run? Its running tasks are cancelled, the rest skipped.")) act("Cancel", "cancel");
+  });
+  $("#btn-retry").addEventListener("click", () => act("Retry", "retry"));
 }
 
 function showTasks(tasks) {

@@ -48,8 +48,14 @@ def test_the_readme_is_a_front_door() -> None:
     """The order the README keeps, the two commands, and the docs it must point to."""
     text = (ROOT / "README.md").read_text()
     heads = [ln for ln in text.splitlines() if ln.startswith("## ")]
-    assert heads == ["## The two commands", "## Quickstart", "## Glossary",
+    assert heads == ["## The two commands", "## Quickstart", "## Semantics", "## Glossary",
                      "## Where to read next"]
+    # Issue 39: the Semantics section names the fairness and quota rules.
+    semantics = text.split("## Semantics", 1)[1].split("## Glossary", 1)[0]
+    for rule in ("priority", "Fair decisions", "Fair dispatch", "max_running",
+                 "dispatch_rate_per_s", "tenant concurrency", "create_rate_per_s",
+                 "max_active_jobs"):
+        assert rule in semantics, rule
     assert "make up" in text and "make test" in text
     for term in ("Job", "Slot", "Execution", "Attempt", "Timer", "Tick", "Lease",
                  "Fencing token", "Owner epoch"):

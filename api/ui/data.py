@@ -26,6 +26,7 @@ from api.projection import INVERT, Views
 from api.routes.base import Json, KronRoute, ThisCall
 from api.routes.render import STATES, job_out, run_out
 from api.routes.service import Service
+from api.ui.pages import HEADERS
 from api.ui.query import KINDS, MINUTE_MS, JobSearch, RunSample, activity, parse_label
 from kron.timefmt import iso
 
@@ -47,7 +48,7 @@ async def search_jobs(call: ThisCall, name: str | None = None, label: str | None
     search = JobSearch(name=name or None, label=parse_label(label), status=status or None,
                        kind=kind or None)
     found = await asyncio.to_thread(_search, call.svc, call.tenant, search, limit, cursor)
-    return Json(found)
+    return Json(found, headers=HEADERS)
 
 
 @router.get("/jobs/{job_id}/upcoming")
@@ -63,7 +64,7 @@ async def upcoming(job_id: str, call: ThisCall, count: int = 5) -> Json:
                                 count=count)
     schedule = job["spec"].get("schedule") or {}
     return Json({"job_id": job_id, "status": job["status"], "upcoming": [iso(t) for t in slots],
-                 "timezone": schedule.get("timezone", "UTC")})
+                 "timezone": schedule.get("timezone", "UTC")}, headers=HEADERS)
 
 
 @router.get("/runs")
@@ -81,7 +82,7 @@ async def recent_runs(call: ThisCall, state: str | None = None, since_minutes: i
         raise Problem(422, "invalid-input", "limit must be in 1..500", field="limit")
     since = call.svc.clock.now_ms() - since_minutes * MINUTE_MS
     found = await asyncio.to_thread(_recent, call.svc.views, call.tenant, since, state, limit)
-    return Json(found)
+    return Json(found, headers=HEADERS)
 
 
 @router.get("/activity")
@@ -91,7 +92,7 @@ async def recent_activity(call: ThisCall, minutes: int = 60) -> Json:
         raise Problem(422, "invalid-input", "minutes must be in 1..180", field="minutes")
     now = call.svc.clock.now_ms()
     found = await asyncio.to_thread(_activity, call.svc.views, call.tenant, now, minutes)
-    return Json(found)
+    return Json(found, headers=HEADERS)
 
 
 # --- the scans ------------------------------------------------------------------------------

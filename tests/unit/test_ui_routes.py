@@ -99,6 +99,7 @@ def test_the_search_shows_only_the_tenants_own_jobs(client: TestClient) -> None:
     def names(**query: str) -> list[str]:
         r = client.get("/ui/api/jobs", params=query, headers=acme)
         assert r.status_code == 200, r.text
+        assert r.headers["content-security-policy"].startswith("default-src 'none'")
         return sorted(j["name"] for j in r.json()["jobs"])
 
     assert names() == ["Nightly report", "hourly"]

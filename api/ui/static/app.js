@@ -386,7 +386,8 @@ function pageJob() {
     replaceRows($("#runs tbody"), res.data.runs.map((r) => el("tr", { "data-run-id": r.run_id, class: "run" },
       el("td", {}, runLink(r.run_id, when(r.scheduled_for))), el("td", {}, badge(r.state)),
       el("td", {}, r.trigger), el("td", { class: "num" }, r.attempt),
-      el("td", { class: "num" }, ms(r.lateness_ms)), el("td", {}, r.error || r.reason || ""))));
+      el("td", { class: "num" }, ms(r.lateness_ms)),
+      el("td", {}, r.error || r.reason || taskCounts(r.tasks)))));
     $("#runs-empty").hidden = res.data.runs.length > 0;
   }
 
@@ -414,6 +415,11 @@ function pageJob() {
     setInterval(() => { if (!document.hidden) loadUpcoming(); }, 30000);
     every(2, async () => { if (await loadJob()) loadRuns(); });
   });
+}
+
+function taskCounts(tasks) {
+  if (!tasks) return "";
+  return "tasks: " + Object.entries(tasks).filter(([, n]) => n > 0).map(([k, n]) => n + " " + k).join(", ");
 }
 
 // --- a run ----------------------------------------------------------------------------------

@@ -24,13 +24,13 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright import sync_api
 
 from streams.domain.ids import exec_id
 from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.integration
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
 expect = sync_api.expect
 expect.set_options(timeout=20_000)  # a loaded CI host: the pages poll every 2 to 15 s
 

@@ -28,6 +28,7 @@ from streams.engine.faust_store import (
     RecordCache,
     TableStore,
     TerminalMemo,
+    has_waiting_lanes,
     job_encoder,
 )
 from streams.engine.lanes import TenantWeights
@@ -98,6 +99,14 @@ class PartitionDriver:
 
     def connect(self, *, executor: Executor, ticker: Ticker) -> None:
         self.executor, self.ticker = executor, ticker
+        self.gate.on_room = self._tenant_has_room
+
+    def _tenant_has_room(self, tenant: str) -> None:
+        """A capped tenant's execution ended: tick the partitions that may hold its queued
+        executions now rather than at the ticker's next rescan."""
+        for partition in self._lifecycle.owned_partitions():
+            if has_waiting_lanes(self.timers, partition):
+                self.ticker.wake(partition)
 
     # --- the agent ---------------------------------------------------------------------------
 

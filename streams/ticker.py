@@ -76,6 +76,10 @@ class TimerIndex(Protocol):
                   limit: int) -> list[int]:
         """Due times of the FIRE timers due in (after_ms, until_ms], at most `limit`."""
 
+    def has_waiting(self, partition: int) -> bool:
+        """The partition may hold executions queued for their tenant's max_running (their
+        timers are not among those `first` and `first_after` give)."""
+
 
 class TickerHost(Protocol):
     """All the ticker knows of the worker: a clock, the timer index, the partitions it may
@@ -152,6 +156,12 @@ class Ticker:
             self._early[p] = due
             self._wake.set()
 
+    def wake(self, partition: int) -> None:
+        """Tick the partition now: a tenant with executions queued there has room."""
+        if partition in self._next:
+            self._next[partition] = 0
+            self._wake.set()
+
     def ticked(self, partition: int, *, more: bool) -> None:
         self._outstanding.pop(partition, None)
         first = (None if more and not self._ahead_ms
@@ -190,6 +200,8 @@ class Ticker:
         for p in owned:
             with contextlib.suppress(Exception):  # a DB closing under a rebalance
                 self._next[p] = _due_of(self._host.timers.first(p))
+                if self._host.timers.has_waiting(p):
+                    self._next[p] = 0  # queued executions: whether they may start now
                 if self._ahead_ms:
                     self._early[p] = self._first_undecided(p)
         if self._ahead_ms and self._ahead_ms < PILE_CAP_MS:

@@ -672,16 +672,17 @@ class PartitionCore:
         tier, the tenants of a tier by weight, each lane in due order). Then, if nothing
         due is left, (fire-ahead) decide the eligible slots due within ctx.fire_ahead_ms.
         Returns (effects, more_due)."""
-        lanes = self.store.due_lanes(ctx.now_ms)
+        due = lanes = self.store.due_lanes(ctx.now_ms)
         try:
             started: list[tuple[bytes, bytes]] = []
-            if any(is_waiting(lane) for lane, _ in lanes):
-                started = self._start_waiting(lanes, limit, ctx)
-                lanes = [(lane, reader) for lane, reader in lanes if not is_waiting(lane)]
+            more_waiting = False
+            if any(is_waiting(lane) for lane, _ in due):
+                started, more_waiting = self._start_waiting(due, limit, ctx)
+                lanes = [(lane, reader) for lane, reader in due if not is_waiting(lane)]
                 limit -= len(started)
-            if not lanes:
+            if not lanes or limit <= 0:
                 fired: list[tuple[bytes, bytes]] = []
-                more = False
+                more = bool(lanes)
             elif len(lanes) == 1:  # one lane due (one tenant, say): its timers in due order
                 fired = list(itertools.islice(lanes[0][1], limit + 1))
                 more = len(fired) > limit
@@ -692,14 +693,15 @@ class PartitionCore:
                 fired, more = pick(lanes, limit, weight=self._weights, state=ctx.fair,
                                    rotation=ctx.now_ms)
         finally:
-            for _, reader in lanes:
+            for _, reader in due:
                 reader.close()
         for key, value in fired:
             self._on_timer(key, value, ctx)
-        fired += started
+        more = more or more_waiting
         if ctx.fire_ahead_ms > 0 and not more:
             early, more = self._fire_ahead(ctx, room=limit - len(fired))
             fired += early
+        fired += started
         self._flush_leases(ctx)
         # Fired timers go last: the writes of one event reach Kafka without a transaction,
         # and within the timers partition this order means a durable delete implies durable
@@ -710,20 +712,29 @@ class PartitionCore:
         return ctx.effects, more
 
     def _start_waiting(self, lanes: list[tuple[Lane, Any]], limit: int,
-                       ctx: Context) -> list[tuple[bytes, bytes]]:
+                       ctx: Context) -> tuple[list[tuple[bytes, bytes]], bool]:
         """Start the queued executions of the tenants that have room, each tenant's in the
         order their slots were due, before the round's other timers; a lane of a tenant
-        still at its cap is not read. Returns the WAIT timers done with (to delete)."""
+        still at its cap is not read. Returns the WAIT timers done with (to delete), and
+        whether the round's limit, not a tenant's room, left some unread."""
         done: list[tuple[bytes, bytes]] = []
+        cut = False
         for lane, reader in lanes:
-            if not is_waiting(lane) or len(done) >= limit:
+            if not is_waiting(lane):
                 continue
             room = self._gate.room(lane.tenant)
-            take = limit - len(done) if room is None else min(room, limit - len(done))
+            left = limit - len(done)
+            take = left if room is None else min(room, left)
+            if take <= 0:
+                cut = cut or left <= 0
+                continue
+            taken = 0
             for key, value in itertools.islice(reader, take):
+                taken += 1
                 if self._start_queued(key, ctx):
                     done.append((key, value))
-        return done
+            cut = cut or (taken == take == left)
+        return done, cut
 
     def _start_queued(self, key: bytes, ctx: Context) -> bool:
         """A queued execution's turn: it starts if its tenant has room. False if not (its

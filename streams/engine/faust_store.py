@@ -22,6 +22,7 @@ from streams.domain.timer import (
     due_bound,
     due_of,
     due_order,
+    is_waiting,
     kind_of,
     lane_end,
     lane_of_prefix,
@@ -131,11 +132,24 @@ def first_timer_key(table: Any, partition: int) -> bytes | None:
         for floor_due, prefix in ascending:
             if best is not None and floor_due > best_due:
                 break
+            if _waiting(prefix):
+                continue
             key = _first_in_lane(known, db.iter(), prefix, cast(bytes, known.get(prefix)))
             if key is not None and (best is None
                                     or due_order((key, b"")) < due_order((best, b""))):
                 best, best_due = key, due_of(key)
     return best
+
+
+def _waiting(prefix: bytes) -> bool:
+    """A lane of queued executions (TimerKind.WAIT): due from the start, it is not what
+    the ticker waits for; a tenant's room wakes its partitions (has_waiting_lanes)."""
+    return is_waiting(lane_of_prefix(prefix))
+
+
+def has_waiting_lanes(table: Any, partition: int) -> bool:
+    """The partition may hold queued executions (a lane of them is known)."""
+    return any(_waiting(prefix) for prefix in lanes(table, partition))
 
 
 def first_timer_after(table: Any, partition: int, after_ms: int) -> bytes | None:
@@ -149,6 +163,8 @@ def first_timer_after(table: Any, partition: int, after_ms: int) -> bytes | None
         for floor_due, prefix in ascending:
             if best is not None and floor_due > best_due:
                 break
+            if _waiting(prefix):
+                continue
             it = db.iter()
             it.seek(max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix))))
             key = bytes(it.key()) if it.valid() else None
@@ -220,6 +236,9 @@ class TableTimerIndex:
 
     def first_after(self, partition: int, after_ms: int) -> bytes | None:
         return first_timer_after(self._table, partition, after_ms)
+
+    def has_waiting(self, partition: int) -> bool:
+        return has_waiting_lanes(self._table, partition)
 
     def fire_dues(self, partition: int, after_ms: int, until_ms: int,
                   limit: int) -> list[int]:

@@ -20,7 +20,7 @@ gate only ever delays a start, so a miscount can't lose or duplicate an executio
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from streams.domain.states import QueueReason
 from streams.domain.tenants import TenantTable
@@ -40,6 +40,9 @@ class RunningGate:
         # partition -> tenant -> the exec ids admitted and not yet ended.
         self._active: dict[int, dict[str, set[str]]] = {}
         self._by_hash = {tenant_hash(t): t for t in table.tenants}
+        # Told when a capped tenant's running execution ends: its queued executions, in any
+        # partition this worker owns, may start (the worker ticks those partitions).
+        self.on_room: Callable[[str], None] | None = None
 
     def set_owned(self, owned: Collection[int]) -> None:
         """The partitions this worker owns now: the share follows, and the counts of the
@@ -94,8 +97,10 @@ class RunningGate:
 
     def release(self, partition: int, tenant: str, exec_id: str) -> None:
         by = self._active.get(partition, {}).get(tenant)
-        if by is not None:
+        if by is not None and exec_id in by:
             by.discard(exec_id)
+            if self.on_room is not None:
+                self.on_room(tenant)
 
 
 class PartitionGate:

@@ -177,3 +177,31 @@ def test_the_gate_splits_the_cap_by_the_partitions_owned() -> None:
     assert gate.admit(1, "A", "x9") and not gate.admit(1, "A", "x10")
     gate.release(0, "A", "x0")
     assert gate.admit(1, "A", "x10")
+
+
+def test_a_round_starts_queued_executions_up_to_its_limit_and_says_more_are_due() -> None:
+    o = Owner(TenantTable.from_toml("[tenants.A]\nmax_running = 50\n"))
+    o.one_offs("A", 60, T0)
+    first = o.tick(T0)
+    assert len(first) == 50 and o.states("A")["queued"] == 10
+    for d in first[:20]:
+        o.succeed(d)
+    o.now = T0 + SEC
+    effects, more = o.core.on_tick(o.ctx(), limit=4)
+    assert len([e for e in effects if isinstance(e, Dispatch)]) == 4 and more
+    effects, more = o.core.on_tick(o.ctx(), limit=100)
+    assert len([e for e in effects if isinstance(e, Dispatch)]) == 6 and not more
+    assert o.waiting_timers() == 0
+
+
+def test_a_tenant_with_room_again_wakes_the_owner() -> None:
+    o = Owner()
+    woken: list[str] = []
+    o.gate.on_room = woken.append
+    o.one_offs("A", 5, T0)
+    first = o.tick(T0)
+    o.one_offs("B", 1, T0 + 10)
+    o.tick(T0 + 10)
+    assert woken == []  # nothing of a capped tenant ended yet
+    o.succeed(first[0])
+    assert woken == ["A"]

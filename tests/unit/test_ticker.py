@@ -25,6 +25,7 @@ class FlakyEngine:
         self.settings = SimpleNamespace(worker_id="w1", fire_ahead_s=0.0)
         self.executor = SimpleNamespace(backlog=0)
         self.timers = SimpleNamespace(first=lambda p: None, first_after=lambda p, after: None,
+                                      has_waiting=lambda p: False,
                                       fire_dues=lambda p, after, until, limit: [])
         self.failures = 2
         self.declined = 0
@@ -100,6 +101,7 @@ class AheadEngine:
         self.local = local
         self.executor = SimpleNamespace(backlog=0, completed=0)
         self.timers = SimpleNamespace(first=lambda p: None, first_after=lambda p, after: None,
+                                      has_waiting=lambda p: False,
                                       fire_dues=lambda p, after, until, limit: [])
         self.keys: list[bytes] = []
         self.sent: list[int] = []
@@ -326,3 +328,20 @@ def test_a_spike_grows_the_window_to_be_decided_by_its_due_time(
         t._task.cancel()
 
     asyncio.run(run())
+
+
+def test_a_partition_with_queued_executions_is_ticked_at_each_rescan_and_when_woken() -> None:
+    """Queued executions (their tenant at its max_running) are no timer the ticker waits
+    for: a partition that holds some is ticked at every rescan, and at once when the
+    worker says their tenant has room (wake)."""
+    engine = FlakyEngine()
+    engine.failures = 0
+    engine.timers.has_waiting = lambda p: p == 3
+    t = ticker_for(engine)
+    t._rescan(frozenset({3, 4}))
+    assert t._next == {3: 0, 4: None}
+    t._next[3] = None  # ticked: nothing but queued executions left
+    t.wake(3)
+    assert t._next == {3: 0, 4: None}
+    t.wake(9)  # not ours: not made up
+    assert 9 not in t._next

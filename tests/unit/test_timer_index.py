@@ -251,3 +251,29 @@ def test_lane_floors_find_the_due_lanes_as_a_scan_of_every_lane_would(
         for upto in (0, 50, 100, 250):
             assert floors.due(upto) == sorted(p for p, k in model.items() if due_of(k) <= upto)
     assert sorted(floors.ascending()) == sorted((due_of(k), p) for p, k in model.items())
+
+
+def test_the_ticker_is_not_told_of_queued_executions_but_knows_they_are_there(
+        make_table: Any) -> None:
+    """WAIT timers (executions queued for their tenant's max_running) are due from the
+    start: the ticker's `first` passes over their lanes (or it would tick without end while
+    the tenant is at its cap), and `has_waiting` says a partition holds some."""
+    from streams.domain.timer import WAITING_TIER
+    from streams.engine.faust_store import has_waiting_lanes
+
+    table = make_table()
+    waiting = Lane(WAITING_TIER + Tier.NORMAL, tenant_lane("a", Tier.NORMAL).tenant)
+    queued = encode_timer_key(due_ms=10, kind=TimerKind.WAIT, job_id="j", ref="x",
+                              lane=waiting)
+    fire = encode_timer_key(due_ms=500, kind=TimerKind.FIRE, job_id="k", ref="",
+                            lane=tenant_lane("b", Tier.NORMAL))
+    assert not has_waiting_lanes(table, 0)
+    table.write(0, queued, b'{"a":0}', 1)
+    assert has_waiting_lanes(table, 0)
+    assert first_timer_key(table, 0) is None
+    table.write(0, fire, b"{}", 1)
+    assert first_timer_key(table, 0) == fire
+    assert first_timer_after(table, 0, 0) == fire
+    # The due scan still reads the lane (the owner starts them when the tenant has room).
+    assert {lane for lane, _ in due_lanes(table, 0, 600)} == {tenant_lane("b", Tier.NORMAL),
+                                                              waiting}

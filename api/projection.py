@@ -145,13 +145,14 @@ class Views:
         return out
 
     def dump(self) -> dict[bytes, bytes]:
-        """Every view entry but the offsets: what a rebuild must reproduce."""
+        """Every view entry but the offsets and the store's markers (m/): what a rebuild
+        must reproduce."""
         it = self.db.iter()
         it.seek_to_first()
         out = {}
         while it.valid():
             key = bytes(it.key())
-            if not key.startswith(b"o/"):
+            if not key.startswith((b"o/", b"m/")):
                 out[key] = bytes(it.value())
             it.next()
         return out

@@ -3,7 +3,7 @@
 Each is a command (kron.commands.CancelRun / RetryRun) on the run's job, keyed by the job
 id as the job's own commands are, so the job's worker applies it in order with them. The
 API refuses (409) what the worker would: a DAG task instance (its run takes commands),
-cancelling a DAG run that is not running or a plain run that is not running or retrying,
+cancelling a DAG run that is not running or a plain run that has ended,
 retrying a DAG run that is not failed or cancelled or a plain run that is not failed, missed
 or skipped (or has made MAX_ATTEMPTS_WITH_RERUNS attempts). The run may still change before
 the worker applies the command; the worker then refuses it, and the answer's `applied` says
@@ -28,7 +28,7 @@ from streams.engine.runs import RETRYABLE as DAG_RETRYABLE
 # _cancel_run, _retry_run): a DAG run (one with `dag` progress), a plain execution.
 Action = Literal["cancel", "retry"]
 DAG_CANCELLABLE = frozenset({"running"})
-PLAIN_CANCELLABLE = frozenset({"running", "retry_pending"})
+PLAIN_CANCELLABLE = frozenset({"queued", "running", "retry_pending"})
 
 
 class CancelRunRequest(BaseModel):
@@ -65,8 +65,8 @@ ACCEPTED: dict[int | str, dict[str, Any]] = {
              response_model=responses.RunCommandAccepted, responses=ACCEPTED)
 async def cancel_run(run_id: str, call: ThisCall,
                      body: Annotated[CancelRunRequest | None, Body()] = None) -> Json:
-    """Cancel a running run: a plain run's attempt (running, or waiting for its retry) is
-    stopped and fenced, so its late result is rejected; a DAG run's running task attempts
+    """Cancel a running run: a plain run's attempt (queued, running, or waiting for its
+    retry) is stopped and fenced, so its late result is rejected; a DAG run's running task attempts
     likewise, and its unstarted tasks are skipped. The run ends `cancelled`."""
     reason = body.reason if body is not None else None
     return await _command(call, run_id, "cancel", reason=reason)
@@ -105,7 +105,7 @@ def _check(run: dict[str, Any], action: Action) -> None:
                       f"{run['run_id']!r}: {action} the run", field="run_id")
     kind = "DAG run" if run.get("dag") is not None else "run"
     if action == "cancel" and run["state"] not in _cancellable(run):
-        wanted = "running" if kind == "DAG run" else "running or retrying"
+        wanted = "running" if kind == "DAG run" else "queued, running or retrying"
         raise Problem(409, "run-not-running", f"run {run_id!r} is {run['state']}: only a "
                       f"{wanted} {kind} can be cancelled", field="run_id", state=run["state"])
     if action == "retry" and not _retryable(run):

@@ -98,8 +98,9 @@ FAILED: Final = ExecutionStatus.FAILED
 SKIPPED: Final = ExecutionStatus.SKIPPED
 MISSED: Final = ExecutionStatus.MISSED
 CANCELLED: Final = ExecutionStatus.CANCELLED
-# A plain execution a manual cancel (CancelRun) takes: one not ended yet.
-CANCELLABLE: Final = frozenset({RUNNING, RETRY_PENDING})
+# A plain execution a manual cancel (CancelRun) takes: one not ended yet (queued ones too:
+# an execution may wait for its tenant's room to run).
+CANCELLABLE: Final = frozenset({QUEUED, RUNNING, RETRY_PENDING})
 JOB_ACTIVE: Final = JobStatus.ACTIVE
 JOB_PAUSED: Final = JobStatus.PAUSED
 JOB_COMPLETED: Final = JobStatus.COMPLETED
@@ -504,12 +505,12 @@ class PartitionCore:
 
     def _cancel_execution(self, ex: ExecutionRecord, job: JobRecord, ctx: Context, *,
                           reason: str) -> None:
-        """A manual cancel of a plain execution that is running or waiting for its retry:
-        the attempt is stopped and fenced as a replace does (_cancel), the run ends
-        `cancelled`. Anything else has ended already, and a cancel changes no outcome."""
+        """A manual cancel of a plain execution that has not ended (queued, running or
+        waiting for its retry): the attempt is stopped and fenced as a replace does
+        (_cancel), the run ends `cancelled`. An ended one keeps its outcome."""
         if ex["state"] not in CANCELLABLE:
-            raise PermanentError(f"run {ex['exec_id']!r} is {ex['state']}: only a running "
-                                 f"or retrying run can be cancelled", field="run_id")
+            raise PermanentError(f"run {ex['exec_id']!r} is {ex['state']}: only a queued, "
+                                 f"running or retrying run can be cancelled", field="run_id")
         self._cancel(ex["exec_id"], job, ctx, reason=reason)
 
     def _retry_run(self, cmd: RetryRunCommand, job: JobRecord, ctx: Context) -> None:

@@ -129,7 +129,7 @@ def test_the_actions_a_plain_run_cannot_take_are_409(client: TestClient,
         assert p["state"] == state and "failed, missed or skipped" in p["detail"]
     for run_id in (rid(A, 1), rid(A, 2), rid(B, 6), rid(B, 7)):
         p = problem(client.post(f"/v1/runs/{run_id}:cancel"), 409, "run-not-running", "run_id")
-        assert "running or retrying" in p["detail"]
+        assert "queued, running or retrying" in p["detail"]
     assert publisher.sent == []
 
 

@@ -128,7 +128,7 @@ def test_retry_is_refused_for_a_running_or_succeeded_run(outcome: str) -> None:
 def test_a_cancelled_run_is_not_retried_and_an_ended_one_not_cancelled() -> None:
     p = Partition(T0 - MIN)
     first = failed_run(p)
-    with pytest.raises(PermanentError, match="only a running or retrying"):
+    with pytest.raises(PermanentError, match="only a queued, running or retrying"):
         p.command("CancelRun", "j", run_id=first.exec_id, reason=None)
     [again] = dispatches(p.command("RetryRun", "j", run_id=first.exec_id))
     p.command("CancelRun", "j", run_id=again.exec_id, reason=None)

@@ -11,6 +11,11 @@ Views (one rocksdict, prefixes keep them apart, values are JSON):
   ct/<tenant>/<state>                task instances per state, apart, so a DAG run of many
                                      tasks counts once among the runs
   a/<tenant>                         the tenant's active and paused jobs (for its quota)
+  x/<tenant>/<inverted ms>/<exec_id> the tenant's runs across its jobs (deleted ones too),
+                                     newest scheduled_for first (GET /v1/runs)
+  xs/<tenant>/<state>/<inv ms>/<id>  the same, per state: a run moves when its state does
+  m/runs-index                       x/ and xs/ were filled from e/ for a store kept from
+                                     before they existed (Views._index_runs)
   o/<topic>/<partition>              the next offset to read: the projector's own offsets
 
 Each record's view changes and its offset go into one write batch, so a restart resumes
@@ -57,6 +62,16 @@ def run_key(job_id: str, scheduled_for_ms: int, exec_id: str) -> bytes:
     return _k("r", job_id, f"{INVERT - scheduled_for_ms:019d}", exec_id)
 
 
+def tenant_runs_prefix(tenant: str, state: str | None = None) -> bytes:
+    """The keys of the tenant's runs (x/), or of those in `state` (xs/); each key ends
+    with `<inverted ms>/<exec_id>`, the cursor of GET /v1/runs, the same in both."""
+    return _k("x", tenant, "") if state is None else _k("xs", tenant, state, "")
+
+
+def tenant_run_suffix(scheduled_for_ms: int, exec_id: str) -> bytes:
+    return _k(f"{INVERT - scheduled_for_ms:019d}", exec_id)
+
+
 def task_prefix(run_id: str) -> bytes:
     """The keys of a DAG run's task instances (``k/<run_id>/<task_id>``)."""
     return _k("k", run_id, "")
@@ -73,6 +88,20 @@ class Views:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.db = Rdict(str(path), Options(raw_mode=True))
+        self._index_runs()
+
+    def _index_runs(self) -> None:
+        """Fill the tenants' run indexes (x/, xs/) from the executions (e/) once, for a
+        store kept from before they existed: the projector only adds runs as their
+        records come, and it resumes from its offsets. A fresh store has nothing to fill."""
+        if self.db.get(RUNS_INDEXED) is not None:
+            return
+        batch = Batch(self)
+        for _, ex in self.prefix(b"e/"):
+            if ex.get("run_id") is None:
+                _index_tenant_run(batch, ex["tenant"], ex, None)
+        batch.put(RUNS_INDEXED, 1)
+        batch.commit()
 
     def close(self) -> None:
         self.db.close()
@@ -116,13 +145,14 @@ class Views:
         return out
 
     def dump(self) -> dict[bytes, bytes]:
-        """Every view entry but the offsets: what a rebuild must reproduce."""
+        """Every view entry but the offsets and the store's markers (m/): what a rebuild
+        must reproduce."""
         it = self.db.iter()
         it.seek_to_first()
         out = {}
         while it.valid():
             key = bytes(it.key())
-            if not key.startswith(b"o/"):
+            if not key.startswith((b"o/", b"m/")):
                 out[key] = bytes(it.value())
             it.next()
         return out
@@ -156,6 +186,10 @@ class Batch:
 
     def commit(self) -> None:
         self.views.db.write(self.wb)
+
+
+# Marks a store whose tenant run indexes cover every run (see Views._index_runs).
+RUNS_INDEXED = b"m/runs-index"
 
 
 # Bump when request_of or spec_fingerprint changes what they return: views kept from before
@@ -223,6 +257,7 @@ def apply_execution(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
         _dag_run_times(batch, rec, view, old)
     batch.put(_k("e", exec_id), view)
     batch.put(run_key(rec["job_id"], rec["scheduled_for_ms"], exec_id), {"state": rec["state"]})
+    _index_tenant_run(batch, tenant, view, old)
     _recount(batch, "c", tenant, old, rec["state"])
     job = batch.get(_k("j", rec["job_id"]))
     if job is not None and rec["trigger"] != Trigger.BACKFILL:
@@ -231,6 +266,19 @@ def apply_execution(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
             job["last_run"] = {"exec_id": exec_id, "state": rec["state"],
                                "scheduled_for_ms": rec["scheduled_for_ms"]}
             batch.put(_k("j", rec["job_id"]), job)
+
+
+def _index_tenant_run(batch: Batch, tenant: str, view: dict[str, Any],
+                      old: dict[str, Any] | None) -> None:
+    """The run in its tenant's indexes: x/ (all states; its key never moves, so a cursor
+    stays valid) and xs/<state> (moved when its state changes). Kept when its job is
+    deleted: a deleted job's runs stay readable."""
+    suffix = tenant_run_suffix(view["scheduled_for_ms"], view["exec_id"])
+    entry = {"job_id": view["job_id"], "state": view["state"]}
+    batch.put(tenant_runs_prefix(tenant) + suffix, entry)
+    if old is not None and old["state"] != view["state"]:
+        batch.delete(tenant_runs_prefix(tenant, old["state"]) + suffix)
+    batch.put(tenant_runs_prefix(tenant, view["state"]) + suffix, entry)
 
 
 def _dag_run_times(batch: Batch, rec: dict[str, Any], view: dict[str, Any],

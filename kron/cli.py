@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from kron.errors import SetupError
-from kron.jobs_cli import jobs_app
+from kron.jobs_cli import jobs_app, runs_app
 from kron.settings import Settings
 from replay.cli import replay_app
 
@@ -25,6 +25,7 @@ dev_app = typer.Typer(help="Local development stack: broker, worker and API.",
 app.add_typer(topics_app, name="topics")
 app.add_typer(dev_app, name="dev")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(runs_app, name="runs")
 app.add_typer(replay_app, name="replay")
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")

@@ -16,10 +16,9 @@ from api.projection import ACTIVE_JOB as ACTIVE
 from api.projection import PendingJob
 from api.routes import responses
 from api.routes.base import ERRORS, Json, KronRoute, ThisCall
-from api.routes.render import job_out
+from api.routes.render import job_out, upcoming_out
 from api.routes.service import Service, job_id_for, new_id
 from kron.settings import Settings
-from kron.timefmt import iso
 from schemas.jsonable import jsonable
 
 router = APIRouter(route_class=KronRoute, tags=["jobs"])
@@ -132,7 +131,7 @@ def _replayed(svc: Service, tenant: str, existing: dict[str, Any], spec: dict[st
 def _created(svc: Service, job: dict[str, Any], now: int, upcoming: list[int]
              ) -> dict[str, Any]:
     out = job_out(svc.views, job)
-    out["upcoming"] = [iso(t) for t in upcoming] if job["status"] in ACTIVE else []
+    out["upcoming"] = upcoming_out(job["spec"], upcoming) if job["status"] in ACTIVE else []
     return out
 
 

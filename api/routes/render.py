@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.projection import Views
-from kron.timefmt import iso
+from kron.timefmt import iso, iso_in
 from streams.domain.states import QueueReason
 
 STATES = ("queued", "running", "retry_pending", "succeeded", "failed", "skipped", "missed",
@@ -18,12 +18,26 @@ def job_out(views: Views, job: dict[str, Any]) -> dict[str, Any]:
     nxt = job.get("next_run_at_ms")
     return {
         "job_id": job["job_id"], "name": job["spec"]["name"], "status": job["status"],
-        "version": job["version"], "next_run_at": iso(nxt) if nxt else None,
+        "version": job["version"],
+        "next_run_at": iso_in(nxt, job_zone(job["spec"])) if nxt else None,
         "created_at": iso(job["created_at_ms"]),
         "updated_at": iso(job["updated_at_ms"]),
         "idempotency_key": job.get("idempotency_key"),
         "definition": job["spec"], "last_run": run_summary(views, job.get("last_run")),
     }
+
+
+def job_zone(spec: dict[str, Any]) -> str | None:
+    """The zone a job's owner reads its next run times in: its cron schedule's (None for a
+    one-off, whose `run_at` they gave with an offset of their choice: shown in UTC)."""
+    schedule = spec.get("schedule")
+    return schedule.get("timezone") if isinstance(schedule, dict) else None
+
+
+def upcoming_out(spec: dict[str, Any], times_ms: list[int]) -> list[str]:
+    """A job's next run times (`upcoming`), in its zone as `next_run_at` is."""
+    zone = job_zone(spec)
+    return [iso_in(t, zone) for t in times_ms]
 
 
 def run_summary(views: Views, last: dict[str, Any] | None) -> dict[str, Any] | None:

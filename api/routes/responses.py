@@ -143,7 +143,9 @@ class Job(_Out):
     name: str
     status: JobStatus
     version: int = Field(description="1 at create, +1 at every change of the definition")
-    next_run_at: datetime | None
+    next_run_at: datetime | None = Field(
+        description="in the job's time zone, with its UTC offset then "
+                    "(2026-10-11T02:00:00.000+05:30 for Asia/Kolkata); UTC for a one-off")
     created_at: datetime
     updated_at: datetime
     idempotency_key: str | None
@@ -152,7 +154,8 @@ class Job(_Out):
 
 
 class CreatedJob(Job):
-    upcoming: list[datetime] = Field(description="the next runs (up to 5), as armed")
+    upcoming: list[datetime] = Field(description="the next runs (up to 5), as armed, in the "
+                                                 "job's time zone as next_run_at is")
 
 
 class BackfillCounts(_Out):

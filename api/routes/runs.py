@@ -1,4 +1,5 @@
-"""/v1/jobs/{job_id}/runs (also at /executions) and /v1/runs/{run_id}: a job's runs.
+"""/v1/jobs/{job_id}/runs (also at /executions) and /v1/runs/{run_id}: a job's runs;
+/v1/runs: the tenant's runs across its jobs (deleted jobs' too), by state and time.
 
 A DAG job's run is one run (its slot's execution) whose tasks are listed with it: counted by
 state in lists, in full (with each task's place in the DAG and its attempts) in
@@ -7,13 +8,15 @@ state in lists, in full (with each task's place in the DAG and its attempts) in
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter
 
+from api.models import parse_time
 from api.problems import Problem
-from api.projection import Views
+from api.projection import INVERT, Views, tenant_runs_prefix
 from api.routes import responses
 from api.routes.base import ERRORS, Json, KronRoute, ThisCall
 from api.routes.render import STATES, run_detail, run_out
@@ -21,6 +24,8 @@ from kron.timefmt import iso
 
 router = APIRouter(route_class=KronRoute, tags=["runs"])
 
+# A /v1/runs cursor: the last run's place in the tenant's index (projection.tenant_run_suffix).
+TENANT_CURSOR = re.compile(r"[0-9]{19}/[^/]+")
 TASK_STATES = ("pending", "running", "succeeded", "failed", "skipped", "upstream_failed",
                "cancelled")
 
@@ -55,6 +60,46 @@ async def list_runs(job_id: str, call: ThisCall, status: str | None = None, limi
 for _path in ("/jobs/{job_id}/runs", "/jobs/{job_id}/executions"):
     router.add_api_route(_path, list_runs, methods=["GET"], response_model=responses.RunList,
                          responses=ERRORS)
+
+
+@router.get("/runs", response_model=responses.RunList, responses=ERRORS)
+async def list_tenant_runs(call: ThisCall, state: str | None = None, since: str | None = None,
+                           limit: int = 50, cursor: str | None = None) -> Json:
+    """The tenant's runs across all its jobs, deleted jobs' included, newest slot first:
+    those in `state`, scheduled at or after `since` (RFC 3339 with an offset). DAG runs
+    are listed with their tasks counted; task instances are not runs."""
+    _check_page(state, limit)
+    since_ms = parse_time(since, "since") if since is not None else None
+    if cursor is not None and not TENANT_CURSOR.fullmatch(cursor):
+        raise Problem(422, "invalid-input", "cursor is not one this list gave",
+                      field="cursor")
+    prefix = tenant_runs_prefix(call.tenant, state)
+    # Keys hold INVERT - scheduled_for_ms: runs scheduled before `since` sort after this.
+    last = None if since_ms is None else f"{INVERT - since_ms:019d}".encode()
+    start = prefix + cursor.encode() + b"\x00" if cursor else None
+    views = call.svc.views
+    items: list[dict[str, Any]] = []
+    last_cursor = next_cursor = None
+    for key, _ in views.prefix(prefix, start=start):
+        suffix = key[len(prefix):]
+        if last is not None and suffix[:19] > last:
+            break
+        if len(items) == limit:  # one more run exists: the page ends at the last one shown
+            next_cursor = last_cursor
+            break
+        ex = views.execution(suffix.rsplit(b"/", 1)[-1].decode())
+        if ex is not None:
+            items.append(run_item(ex))
+            last_cursor = suffix.decode()
+    return Json({"runs": items, "next_cursor": next_cursor})
+
+
+def _check_page(state: str | None, limit: int) -> None:
+    if state is not None and state not in STATES:
+        raise Problem(422, "invalid-input", f"state must be one of {', '.join(STATES)}",
+                      field="state")
+    if not 1 <= limit <= 500:
+        raise Problem(422, "invalid-input", "limit must be in 1..500", field="limit")
 
 
 @router.get("/runs/{run_id}", response_model=responses.RunDetail, responses=ERRORS)

@@ -111,6 +111,9 @@ FAILED: Final = ExecutionStatus.FAILED
 SKIPPED: Final = ExecutionStatus.SKIPPED
 MISSED: Final = ExecutionStatus.MISSED
 CANCELLED: Final = ExecutionStatus.CANCELLED
+# A plain execution a manual cancel (CancelRun) takes: one not ended yet (queued ones too:
+# an execution may wait for its tenant's room to run).
+CANCELLABLE: Final = frozenset({QUEUED, RUNNING, RETRY_PENDING})
 JOB_ACTIVE: Final = JobStatus.ACTIVE
 JOB_PAUSED: Final = JobStatus.PAUSED
 JOB_COMPLETED: Final = JobStatus.COMPLETED
@@ -503,20 +506,55 @@ class PartitionCore:
                                      if exc.field else f"dag.tasks[{task.index}].target") from None
 
     def _cancel_run(self, cmd: CancelRunCommand, job: JobRecord, ctx: Context) -> None:
+        """Cancel a DAG run (its running tasks fenced, the rest skipped) or a plain
+        execution that has not ended (its attempt fenced: see _cancel_execution)."""
         run = self._run_of(cmd, job)
+        reason = cmd.get("reason") or "run cancelled"
+        if not is_run(run):
+            self._cancel_execution(run, job, ctx, reason=reason)
+            return
         if run["state"] != RUNNING:
             raise PermanentError(f"run {run['exec_id']!r} is {run['state']}, not running",
                                  field="run_id")
-        self._runs.cancel(job, run, ctx, reason=cmd.get("reason") or "run cancelled")
+        self._runs.cancel(job, run, ctx, reason=reason)
+
+    def _cancel_execution(self, ex: ExecutionRecord, job: JobRecord, ctx: Context, *,
+                          reason: str) -> None:
+        """A manual cancel of a plain execution that has not ended (queued, running or
+        waiting for its retry): the attempt is stopped and fenced as a replace does
+        (_cancel), the run ends `cancelled`. An ended one keeps its outcome."""
+        if ex["state"] not in CANCELLABLE:
+            raise PermanentError(f"run {ex['exec_id']!r} is {ex['state']}: only a queued, "
+                                 f"running or retrying run can be cancelled", field="run_id")
+        self._cancel(ex["exec_id"], job, ctx, reason=reason)
 
     def _retry_run(self, cmd: RetryRunCommand, job: JobRecord, ctx: Context) -> None:
-        self._runs.retry(job, self._run_of(cmd, job), ctx)
+        """Retry a DAG run (its tasks that did not succeed), or run a plain execution that
+        ended failed, missed or skipped again (see _retry_execution)."""
+        run = self._run_of(cmd, job)
+        if is_run(run):
+            self._runs.retry(job, run, ctx)
+            return
+        self._retry_execution(run, job, ctx)
+
+    def _retry_execution(self, ex: ExecutionRecord, job: JobRecord, ctx: Context) -> None:
+        """The next attempt of a plain execution, as a backfill's rerun makes it (_rerun):
+        the same exec id, so the same Idempotency-Key, the attempt and fencing token one
+        higher. Not a cancelled one: a cancel was a decision, and the executor remembers
+        cancelled ids (streams/engine/backfill.py RERUNNABLE)."""
+        if not backfill.may_rerun(ex):
+            raise PermanentError(f"run {ex['exec_id']!r} is {ex['state']} after "
+                                 f"{ex['attempt']} attempt(s): only a failed, missed or "
+                                 f"skipped run can be retried", field="run_id")
+        self._rerun(job, self._plan(job), ex, ctx)
 
     def _run_of(self, cmd: CancelRunCommand | RetryRunCommand,
                 job: JobRecord) -> ExecutionRecord:
+        """The run the command names: a DAG run or a plain execution of the job, never a
+        DAG task instance (its run is what takes commands)."""
         run = self.store.execution(cmd["run_id"])
-        if run is None or run["job_id"] != job["job_id"] or not is_run(run):
-            raise PermanentError(f"no DAG run {cmd['run_id']!r} of job {job['job_id']!r}",
+        if run is None or run["job_id"] != job["job_id"] or is_task(run):
+            raise PermanentError(f"no run {cmd['run_id']!r} of job {job['job_id']!r}",
                                  field="run_id")
         return run
 

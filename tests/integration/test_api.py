@@ -66,7 +66,7 @@ def test_cron_job_lifecycle_reads_its_own_writes(api_stack) -> None:
         created = c.post("/v1/jobs", json=body).json()
         job_id = created["job_id"]
         assert len(created["upcoming"]) == 5
-        assert created["next_run_at"].endswith(("T02:00:00.000Z", "T01:00:00.000Z"))
+        assert created["next_run_at"].endswith(("T03:00:00.000+01:00", "T03:00:00.000+02:00"))
         assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "active"
         assert c.post(f"/v1/jobs/{job_id}:pause").json()["status"] == "paused"
         assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "paused"

@@ -449,9 +449,12 @@ def test_run_commands_a_run_cannot_take_are_409(client: TestClient,
     p = problem(client.post(f"/v1/runs/{RUN}:cancel"), 409, "run-not-running", "run_id")
     assert p["state"] == "failed"
     problem(client.post(f"/v1/runs/{RUN2}:retry"), 409, "run-not-retryable", "run_id")
+    # A plain run takes both commands too (test_api_run_controls.py); this one succeeded.
+    p = problem(client.post(f"/v1/runs/{PLAIN_RUN}:cancel"), 409, "run-not-running", "run_id")
+    assert p["state"] == "succeeded"
+    problem(client.post(f"/v1/runs/{PLAIN_RUN}:retry"), 409, "run-not-retryable", "run_id")
     for action in ("cancel", "retry"):
-        problem(client.post(f"/v1/runs/{PLAIN_RUN}:{action}"), 409, "not-a-dag-run", "run_id")
-        p = problem(client.post(f"/v1/runs/{task_exec('b')}:{action}"), 409, "not-a-dag-run",
+        p = problem(client.post(f"/v1/runs/{task_exec('b')}:{action}"), 409, "not-a-run",
                     "run_id")
         assert RUN in p["detail"]
     assert publisher.sent == []

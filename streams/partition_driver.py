@@ -126,7 +126,7 @@ class PartitionDriver:
                            terminal=self.terminal, job_cache=self.job_cache,
                            execution_cache=self.execution_cache)
         return (PartitionCore(store, self.plans, check_target=self.guard.check,
-                              weights=self.weights),
+                              weights=self.weights, history_ms=self.settings.history_ms),
                 self._context(rec, epoch))
 
     def _context(self, rec: dict[str, Any], epoch: int) -> Context:

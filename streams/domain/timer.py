@@ -43,6 +43,9 @@ class TimerKind(IntEnum):
     # Attempts decided ahead, looked at when they fall due: in another process than the
     # one holding their calls, that one is gone (see PartitionCore._hand_over).
     HELD = 5
+    # Executions whose history window ran out: their records are tombstoned when it falls
+    # due (streams.engine.retention), in the housekeeping lane.
+    EXPIRE = 6
 
 
 class Tier(IntEnum):
@@ -52,6 +55,9 @@ class Tier(IntEnum):
     CRITICAL = 1
     NORMAL = 2
     BATCH = 3
+    # Housekeeping no tenant waits for (history retention): decided after every tier, with
+    # what a round has left, so it never delays a slot.
+    HOUSEKEEPING = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,7 @@ class Lane:
 
 
 SYSTEM_LANE = Lane(Tier.SYSTEM, 0)
+HOUSEKEEPING_LANE = Lane(Tier.HOUSEKEEPING, 0)
 LEGACY_LANE = Lane(Tier.SYSTEM, -1)
 
 

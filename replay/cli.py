@@ -30,7 +30,7 @@ from rich.text import Text
 
 from kron.clock import SystemClock
 from kron.settings import Settings
-from replay.audit import DEFAULT_GRACE_MS, KINDS, AuditReport, audit, iso
+from replay.audit import DEFAULT_GRACE_MS, KINDS, AuditReport, audit, iso, tombstone
 from replay.export import export
 from replay.reader import Entry, read_topic, topic_offsets
 from schemas.envelope import make_envelope
@@ -98,6 +98,15 @@ def _records(entries: Iterator[Entry], name: str) -> Iterator[dict[str, Any]]:
             yield entry.record
 
 
+def _executions(entries: Iterator[Entry]) -> Iterator[dict[str, Any]]:
+    """Execution records, and a tombstone marker where history retention deleted one."""
+    for entry in entries:
+        if entry.tombstone and entry.key is not None:
+            yield tombstone(entry.key.decode("utf-8", "replace"))
+        elif entry.name == EXECUTION_STATE and entry.record is not None:
+            yield entry.record
+
+
 def _print_report(report: AuditReport, console: Console) -> None:
     if report.violations:
         table = Table(title="Violations", show_lines=False)
@@ -111,6 +120,8 @@ def _print_report(report: AuditReport, console: Console) -> None:
     verdict = "[green]OK[/green]" if report.ok else f"[red]FAILED[/red] ({counts})"
     dag = (f"{report.dag_runs:,} DAG runs, {report.task_instances:,} task instances, "
            if report.dag_runs or report.task_instances else "")
+    if report.expired:
+        dag += f"{report.expired:,} expired by history retention, "
     console.print(f"{report.jobs:,} job records, {report.executions:,} execution records, "
                   f"{dag}{report.slots_checked:,} slots checked: {verdict}")
     for job_id in report.truncated:
@@ -131,6 +142,10 @@ def audit_command(
     grace_ms: Annotated[int, typer.Option(
         "--grace-ms", help="How long a due slot may go unrecorded before it is lost.")]
     = DEFAULT_GRACE_MS,
+    history_days: Annotated[float | None, typer.Option(
+        "--history-days", help="The history window (default KRON_HISTORY_DAYS): a missing "
+                               "record older than it expired, it is not lost; 0: none may.")]
+    = None,
 ) -> None:
     """Check the recorded history against kron's guarantees; exit code 1 on any violation.
 
@@ -138,16 +153,20 @@ def audit_command(
     attempts over the retry policy, stale-token writes and cursors moving back; for DAG
     jobs, tasks started against their trigger rule, finished runs with unfinished tasks,
     two runs for one slot, task attempts started twice, and task instances without a run.
+    Executions removed by history retention (tombstoned, or older than the window) are
+    counted as expired, not lost.
     """
     settings = Settings()
+    history_ms = (settings.history_ms if history_days is None
+                  else int(history_days * 86_400_000))
     now = now_ms if now_ms is not None else SystemClock().now_ms()
     err = Console(stderr=True)
     try:
         with _progress(err) as progress:
             # jobs first: an execution written before a job state is then surely read
             report = audit(_records(_read(settings, "jobs", progress), JOB_STATE),
-                           _records(_read(settings, "executions", progress), EXECUTION_STATE),
-                           now_ms=now, grace_ms=grace_ms)
+                           _executions(_read(settings, "executions", progress)),
+                           now_ms=now, grace_ms=grace_ms, history_ms=history_ms)
     except (KafkaException, TimeoutError, KeyError) as exc:
         err.print(f"[red]error:[/red] reading the topics failed: {exc}")
         raise typer.Exit(code=2) from exc

@@ -5,10 +5,15 @@ run again."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 
+from api.projection import Projector, Views
+from kron.settings import Settings
+from replay.audit import TOMBSTONE, audit, tombstone
+from schemas import codec, names
 from streams.domain.ids import exec_id, task_exec_id
 from streams.domain.timer import HOUSEKEEPING_LANE, TimerKind, decode_timer_key
 from streams.engine import retention
@@ -230,3 +235,117 @@ def test_a_run_with_a_live_task_instance_waits() -> None:
     p.tick(T0 + 2 * SEC)
     assert p.tombstones() == []
     assert p.store.execution(a.exec_id)["state"] == "running"
+
+
+# --- the API's views ----------------------------------------------------------------------
+
+
+def project(p: Kept, tmp_path: Path) -> Views:
+    """The partition's whole changelog history folded into fresh views, as the projector
+    folds kron.jobs and kron.executions (tombstones included)."""
+    settings = Settings(topic_prefix="t", api_keys="")
+    views = Views(tmp_path / "views")
+    projector = Projector(settings, views)
+    for offset, (kind, rec) in enumerate(p.store.log):
+        if kind == "execution-tombstone":
+            projector.apply("t.executions", 0, offset, None,
+                            tombstone_of=rec["exec_id"].encode())
+        elif kind == "execution":
+            projector.apply("t.executions", 0, offset,
+                            codec.encode_trusted(names.EXECUTION_STATE, rec))
+        else:
+            projector.apply("t.jobs", 0, offset, codec.encode_trusted(names.JOB_STATE, rec))
+    return views
+
+
+def test_the_views_drop_a_tombstoned_execution(tmp_path: Path) -> None:
+    p = Kept(T0)
+    p.create("j", cron="*/10 * * * *")
+    ran = []
+    for n in range(2):
+        (d,) = dispatches(p.tick(T0 + n * 10 * MIN))
+        p.report(d, "success")
+        ran.append(d.exec_id)
+    p.command("DeleteJob", "j")
+    p.tick(T0 + SEC + WINDOW)  # the first has expired, the second not yet
+    assert p.tombstones() == [ran[0]]
+    views = project(p, tmp_path)
+    try:
+        assert views.execution(ran[0]) is None and views.execution(ran[1]) is not None
+        runs = [key.decode().rsplit("/", 1)[-1] for key, _ in views.prefix(b"r/j/")]
+        assert runs == [ran[1]]
+        assert views.get(b"c/acme/succeeded") == 1
+        assert views.job("j")["last_run"]["exec_id"] == ran[1]
+    finally:
+        views.close()
+
+
+def test_a_tombstone_the_views_never_saw_changes_nothing(tmp_path: Path) -> None:
+    views = Views(tmp_path / "views")
+    try:
+        projector = Projector(Settings(topic_prefix="t", api_keys=""), views)
+        projector.apply("t.executions", 0, 0, None, tombstone_of=b"nope")
+        assert set(views.dump()) == set()
+    finally:
+        views.close()
+
+
+# --- kron replay audit ---------------------------------------------------------------------
+
+
+def history(p: Kept, *, compacted: bool) -> tuple[list[Record], list[Record]]:
+    """The jobs and executions the changelogs hold, in order; `compacted`: as compaction
+    leaves them, with every record of a tombstoned execution (and its tombstone) gone."""
+    gone = set(p.tombstones()) if compacted else set()
+    jobs = [rec for kind, rec in p.store.log if kind == "job"]
+    execs = [retention_marker(rec) if kind == "execution-tombstone" else rec
+             for kind, rec in p.store.log if kind.startswith("execution")
+             and rec["exec_id"] not in gone]
+    return jobs, execs
+
+
+def retention_marker(rec: Record) -> Record:
+    return tombstone(rec["exec_id"])
+
+
+def expired_history() -> Kept:
+    """A cron job every 10 minutes for an hour, and a DAG run, all expired since."""
+    p = Kept(T0 - MIN)
+    p.create("j", cron="*/10 * * * *")
+    p.create_dag("d", DIAMOND, run_at_ms=T0)
+    t = T0
+    while t <= T0 + 3 * HOUR:
+        pending = dispatches(p.tick(t))
+        while pending:  # every call succeeds; a DAG's next tasks are released by reports
+            pending = [n for d in pending for n in dispatches(p.report(d, "success"))]
+        t += 10 * MIN
+    return p
+
+
+def test_audit_passes_after_retention_with_the_window_and_fails_without() -> None:
+    p = expired_history()
+    assert len(p.tombstones()) > 10
+    # Before compaction: the records are there, and the tombstones are read as such.
+    jobs, execs = history(p, compacted=False)
+    report = audit(jobs, execs, now_ms=p.now, history_ms=WINDOW)
+    assert report.ok, report.violations
+    # After compaction only the window's records are left: expired, not lost...
+    jobs, execs = history(p, compacted=True)
+    report = audit(jobs, execs, now_ms=p.now, history_ms=WINDOW)
+    assert report.ok, report.violations
+    records = {r["exec_id"]: r for kind, r in p.store.log if kind == "execution"}
+    slots = [e for e in p.tombstones() if records[e]["run_id"] is None]  # tasks are not
+    assert report.expired == len(slots)
+    # ... which an audit that does not know the window reports as lost.
+    blind = audit(jobs, execs, now_ms=p.now)
+    assert blind.lost_slots
+
+
+def test_a_record_after_its_tombstone_is_a_new_life_not_a_duplicate() -> None:
+    p = Kept(T0)
+    ex_id = run_once(p, "j")
+    p.tick(T0 + SEC + WINDOW)
+    jobs, execs = history(p, compacted=False)
+    again = [r for r in execs if r.get("exec_id") == ex_id and TOMBSTONE not in r]
+    report = audit(jobs, [*execs, *again], now_ms=p.now, history_ms=WINDOW)
+    assert not report.duplicate_triggers, report.violations

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -39,7 +40,8 @@ JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
 
 replay_app = typer.Typer(
-    help="Audit kron's recorded history against its guarantees, or export it as JSON lines.",
+    help="Audit kron's recorded history against its guarantees, export it as JSON lines, or "
+         "archive old executions as Parquet.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -195,6 +197,52 @@ def _parse_time(value: str | None, option: str) -> int | None:
     return int(when.timestamp() * 1000)
 
 
+def _before(value: str, now_ms: int) -> int:
+    """--before: `<N>d` (the start of the UTC day N days ago, so every day archived is a
+    whole one: what a daily kron job passes), else a time as --since takes it."""
+    text = value.strip()
+    if text.endswith("d") and text[:-1].isdigit():
+        day_ms = 86_400_000
+        return (now_ms - int(text[:-1]) * day_ms) // day_ms * day_ms
+    parsed = _parse_time(text, "--before")
+    assert parsed is not None
+    return parsed
+
+
+@replay_app.command("archive")
+def archive_command(
+    before: Annotated[str, typer.Option(
+        "--before", help="Archive executions that ended before this: ISO 8601 (a date is "
+                         "its UTC midnight), epoch ms, or Nd (UTC midnight N days ago).")],
+    to: Annotated[Path, typer.Option("--to", help="The archive's root directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line for scripts.")] = False,
+) -> None:
+    """Write the executions that ended before --before as Parquet, one file per day (the
+    UTC date each ended on) and partition of kron.executions:
+    DIR/date=YYYY-MM-DD/partition=N.parquet. A rerun merges into the same files, so it is
+    idempotent; run it daily (as a kron job: docs/operations.md) with --before shorter
+    than KRON_HISTORY_DAYS, so every execution is archived before retention drops it."""
+    from replay.archive import archive
+
+    before_ms = _before(before, SystemClock().now_ms())
+    settings = Settings()
+    err = Console(stderr=True)
+    try:
+        with _progress(err) as progress:
+            files = archive(_read(settings, "executions", progress), before_ms=before_ms,
+                            root=to)
+    except (KafkaException, TimeoutError, KeyError) as exc:
+        err.print(f"[red]error:[/red] reading the topics failed: {exc}")
+        raise typer.Exit(code=2) from exc
+    summary = {"before": iso(before_ms), "root": str(to), "files": len(files),
+               "rows": sum(f.rows for f in files), "days": sorted({f.day for f in files})}
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+    else:
+        Console().print(f"archived {summary['rows']:,} executions in {len(files)} files "
+                        f"under {to} (ended before {summary['before']})")
+
+
 EXPORT_ORDER = ("executions", "jobs", "commands", "dead-letters")
 
 
@@ -248,7 +296,6 @@ def rebuild_command(
     """
     import shutil
     import time
-    from pathlib import Path
 
     from api.projection import rebuild
 

@@ -1,10 +1,11 @@
 """History retention and archive through the real path: a broker, a worker and the API as
 processes, with KRON_HISTORY_DAYS set to seconds' worth (0.0001 days: 8.64 s).
 
-A job's runs are archived as Parquet by `kron replay archive` (as a command and as a kron
-job running it, a registered command target), an archived day is read back with pyarrow,
-then the runs expire: the worker tombstones them in kron.executions, the API answers 404
-for each and lists none, and `kron replay audit` still passes.
+A cron job's runs and a DAG run (with its task instances) are archived as Parquet by
+`kron replay archive` (as a command, and as a kron job running it: a registered command
+target), an archived day is read back with pyarrow, then they expire: the worker tombstones
+them in kron.executions, the API answers 404 for each and lists none, and `kron replay
+audit` still passes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kron.processes import ApiProcess, WorkerProcess, clean_environ, settings_en
 from kron.settings import Settings
 from replay.archive import day_of, read_day
 from replay.reader import read_topic
+from streams.domain.ids import exec_id, task_exec_id
 from tests.conftest import fresh_settings
 from tests.integration.conftest import ApiStack
 from tests.support.stack import wait_until
@@ -106,6 +108,18 @@ def test_runs_are_archived_then_expire_and_the_audit_still_passes(
         kept: ApiStack, tmp_path: Path) -> None:
     stack = kept
     with stack.client() as c:
+        # A one-off DAG run of two tasks: it goes with its task instances.
+        url = stack.receiver.url
+        slot = now_ms()
+        r = c.post("/v1/jobs", json={
+            "name": f"dag-{uuid.uuid4().hex[:6]}", "lease_s": 1, "run_at": _iso(slot),
+            "dag": {"tasks": [
+                {"id": "a", "target": {"type": "http", "method": "POST", "url": f"{url}/ok"}},
+                {"id": "b", "target": {"type": "http", "method": "POST", "url": f"{url}/ok"},
+                 "depends_on": ["a"]}]}})
+        assert r.status_code == 201, r.text
+        dag_run = exec_id(r.json()["job_id"], slot)
+        dag_ids = {dag_run, task_exec_id(dag_run, "a"), task_exec_id(dag_run, "b")}
         # Every 2 s for 7 s, then completed: its runs stay listed until retention.
         r = c.post("/v1/jobs", json={
             "name": f"kept-{uuid.uuid4().hex[:6]}", "lease_s": 1, "end_at": _iso(now_ms() + 7000),
@@ -117,6 +131,8 @@ def test_runs_are_archived_then_expire_and_the_audit_still_passes(
         assert wait_until(lambda: c.get(f"/v1/jobs/{job_id}").json()["status"] == "completed"
                           and all(x["state"] == "succeeded" for x in runs_of(c, job_id)), 60)
         runs = runs_of(c, job_id)
+        assert wait_until(lambda: c.get(f"/v1/runs/{dag_run}").json().get("state")
+                          == "succeeded", 60)
         ids = {x["run_id"] for x in runs}
 
         # Archived before retention: by the command, then by a kron job running it (the
@@ -132,7 +148,7 @@ def test_runs_are_archived_then_expire_and_the_audit_still_passes(
         # read back with pyarrow.
         assert summary["days"] and summary["days"][-1] == day_of(now_ms()), summary
         rows = {r["exec_id"]: r for day in summary["days"] for r in read_day(root, day)}
-        assert ids <= set(rows), (ids, sorted(rows))
+        assert ids | dag_ids <= set(rows), (ids, dag_ids, sorted(rows))
         assert all(rows[i]["state"] == "succeeded" and rows[i]["job_id"] == job_id
                    for i in ids)
         archive_as_a_job(stack, c, root, before)
@@ -140,14 +156,14 @@ def test_runs_are_archived_then_expire_and_the_audit_still_passes(
         assert {i: again[i] for i in ids} == {i: rows[i] for i in ids}
 
         # Retention: each run gone from the API, and tombstoned in kron.executions.
-        gone = wait_until(lambda: all(c.get(f"/v1/runs/{i}").status_code == 404 for i in ids),
-                          90)
+        gone = wait_until(lambda: all(c.get(f"/v1/runs/{i}").status_code == 404
+                                      for i in ids | dag_ids), 90)
         assert gone, stack.worker.log()[-3000:]
         assert [x for x in runs_of(c, job_id) if x["run_id"] in ids] == []
     tombstoned = {e.key.decode() for e in read_topic(stack.settings.bootstrap_servers,
                                                      stack.settings.topic("executions"))
                   if e.tombstone and e.key is not None}
-    assert ids <= tombstoned
+    assert ids | dag_ids <= tombstoned
 
     audit = replay(stack.settings, "audit", "--json")
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]

@@ -676,6 +676,11 @@ class _DagCheck:
     def task_count(self) -> int:
         return len(self._tasks)
 
+    def forget(self, ex_id: str) -> None:
+        """A tombstone (history retention): a later record of the id starts afresh. The
+        run's task instances stay known for the orphan check (their run was seen)."""
+        self._tasks.pop(ex_id, None)
+
     def see(self, rec: Record, idx: int) -> None:
         if rec.get("dag") is not None:
             self._run(rec, idx)
@@ -900,6 +905,9 @@ def _read_executions(executions: Iterable[Record], policy: dict[str, _Policy],
             # Gone by retention: a record of the id after this is a new life.
             retention.tombstoned.add(ex_id)
             seen.pop(ex_id, None)
+            reruns.pop(ex_id, None)
+            over_policy.discard(ex_id)
+            dag.forget(ex_id)
             continue
         n_execs += 1
         seen[ex_id] = _check_execution(rec, idx, seen.get(ex_id), findings)

@@ -43,9 +43,10 @@ class TimerKind(IntEnum):
     # Attempts decided ahead, looked at when they fall due: in another process than the
     # one holding their calls, that one is gone (see PartitionCore._hand_over).
     HELD = 5
+    # (6 is WAIT on main: an execution queued by its tenant's max_running.)
     # Executions whose history window ran out: their records are tombstoned when it falls
     # due (streams.engine.retention), in the housekeeping lane.
-    EXPIRE = 6
+    EXPIRE = 7
 
 
 class Tier(IntEnum):

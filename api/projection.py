@@ -281,6 +281,30 @@ def _index_tenant_run(batch: Batch, tenant: str, view: dict[str, Any],
     batch.put(tenant_runs_prefix(tenant, view["state"]) + suffix, entry)
 
 
+def forget_execution(batch: Batch, exec_id: str) -> None:
+    """An execution's tombstone (its history window passed, streams.engine.retention):
+    every view of it goes, and the per-state counts drop it. Its job's `last_run` summary
+    forgets it too, so nothing links to a run that is gone."""
+    old = batch.get(_k("e", exec_id))
+    if old is None:
+        return
+    batch.delete(_k("e", exec_id))
+    tenant, state = old["tenant"], old["state"]
+    if old.get("run_id") is not None:
+        batch.delete(task_key(old["run_id"], old["task_id"]))
+        _count(batch, "ct", tenant, state, -1)
+        return
+    batch.delete(run_key(old["job_id"], old["scheduled_for_ms"], exec_id))
+    suffix = tenant_run_suffix(old["scheduled_for_ms"], exec_id)
+    batch.delete(tenant_runs_prefix(tenant) + suffix)  # GET /v1/runs lists it no more
+    batch.delete(tenant_runs_prefix(tenant, state) + suffix)
+    _count(batch, "c", tenant, state, -1)
+    job = batch.get(_k("j", old["job_id"]))
+    if job is not None and (job.get("last_run") or {}).get("exec_id") == exec_id:
+        job["last_run"] = None
+        batch.put(_k("j", old["job_id"]), job)
+
+
 def _dag_run_times(batch: Batch, rec: dict[str, Any], view: dict[str, Any],
                    old: dict[str, Any] | None) -> None:
     """A DAG run has no attempts of its own: it started when its first task attempt did
@@ -445,6 +469,7 @@ class Projector:
         self._fence = EpochFence()
         self.unprojected = Unprojected()
         self._jobs_topic = settings.topic("jobs")
+        self._executions_topic = settings.topic("executions")
         self._wakers: set[Callable[[], None]] = set()  # wait_async's, called after a batch
 
     def start(self) -> None:
@@ -500,18 +525,24 @@ class Projector:
                 continue
             topic, partition = str(msg.topic()), int(msg.partition() or 0)
             value = msg.value()
+            # A tombstone (history retention) names what it deletes by its key.
+            key = msg.key() if value is None else None
             if not self._fence.admit((topic, partition),
                                      epoch_of_headers(msg.headers()), msg.timestamp()[1]):
-                value = None  # a replaced owner's late write: never state, so not shown
-            self.apply(topic, partition, int(msg.offset() or 0), value)
+                value = key = None  # a replaced owner's late write: never state, so not shown
+            self.apply(topic, partition, int(msg.offset() or 0), value, tombstone_of=key)
         with self._cond:
             self._cond.notify_all()
         for wake in list(self._wakers):
             wake()
 
-    def apply(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+    def apply(self, topic: str, partition: int, offset: int, value: bytes | None, *,
+              tombstone_of: bytes | None = None) -> None:
+        """Fold one record in; `tombstone_of`: the key of a tombstone (value None)."""
         batch = Batch(self.views)
         job_id = None
+        if value is None and tombstone_of is not None and topic == self._executions_topic:
+            forget_execution(batch, tombstone_of.decode("utf-8", "replace"))
         if value is not None:
             try:
                 decoded = codec.decode(value)

@@ -41,7 +41,7 @@ PASSED: tuple[str, ...] = (
     "kafka_ssl_key_file", "kafka_ssl_check_hostname", "session_timeout_s", "misfire_grace_s",
     "fire_ahead_s", "standby_replicas", "api_keys", "allow_private_targets",
     "commands_file", "kafka_target_topics", "tenant_rate_per_s", "tenant_burst",
-    "tenant_max_active_jobs", "tenants_file",
+    "tenant_max_active_jobs", "tenants_file", "history_days",
 )
 # Unset (None) is passed as "" (which these read as unset) so an inherited value can't leak
 # in; the other optional settings are left out when unset (a Path can't be empty).

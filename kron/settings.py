@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     # throughput with more workers than cores can otherwise give, at the price of slower
     # takeovers.
     standby_replicas: int = Field(default=1, ge=0, le=8)
+    # Executions that ended longer ago than this leave the hot path: their partition's
+    # owner writes their tombstones to kron.executions and the API's views drop them
+    # (streams/engine/retention.py). Fractional days are allowed (tests use seconds'
+    # worth: 0.0001 is 8.64 s); 0 keeps every execution for good.
+    history_days: float = Field(default=30.0, ge=0, le=36_500)
     # Local state (RocksDB tables, projections) lives here; two workers need two dirs.
     data_dir: Path = Path(".kron/data")
     # API
@@ -222,6 +227,11 @@ class Settings(BaseSettings):
     def api_key_entries(self) -> tuple[ApiKey, ...]:
         """Every key with its tenant and scope, hashed: plaintext keys are never kept."""
         return parse_api_keys(self.api_keys)
+
+    @property
+    def history_ms(self) -> int:
+        """KRON_HISTORY_DAYS in milliseconds; 0: retention is off."""
+        return int(self.history_days * 86_400_000)
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}.{name}"

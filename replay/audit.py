@@ -70,6 +70,16 @@ the latest written at or before the run record (or any, when compaction took tha
     A task instance whose ``run_id`` names no run record, whose run has no such task, or whose
     id is not ``task_exec_id(run_id, task_id)``.
 
+History retention (``KRON_HISTORY_DAYS``, streams.engine.retention). The owner tombstones
+an execution once its window has passed since it ended; compaction then removes its records.
+Given ``history_ms``, the audit takes that into account: a slot due before the *horizon*
+(``now_ms - history_ms``, plus the fire-ahead bound: nothing due after it can have expired)
+that has no execution record is ``expired``, not lost, and so is a slot whose execution's
+tombstone it reads (``executions`` may hold tombstone markers, ``tombstone(exec_id)``, in
+their place in the log: a record of that id after its tombstone starts a new life, judged
+afresh). A task instance whose run is gone by retention is not an orphan. These are counted
+in ``expired``; none is a violation.
+
 A run taken from failed or cancelled back to running by ``dag_run.retried`` (RetryRun, or a
 backfill's rerun), and a task instance's next attempt started by ``execution.rerun_started``
 after it failed or was cancelled, are not duplicate triggers.
@@ -130,6 +140,11 @@ RUN_RETRYABLE = frozenset({ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
 RUN_ENDS = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED,
                       ExecutionStatus.CANCELLED})
 DEFAULT_GRACE_MS = 10_000
+# A tombstone marker in the executions given to `audit` (see tombstone()).
+TOMBSTONE = "__tombstone__"
+# The most a slot's execution may be decided before its time (KRON_FIRE_AHEAD_S's bound):
+# its end, and so its expiry, may come that much before the slot.
+FIRE_AHEAD_MAX_MS = 10_000
 MAX_SLOTS_PER_JOB = 100_000
 
 
@@ -152,6 +167,7 @@ class AuditReport:
     notes: tuple[str, ...] = ()  # what could not be judged, and why
     dag_runs: int = 0  # distinct DAG runs read
     task_instances: int = 0  # distinct DAG task instances read
+    expired: int = 0  # slots and task instances whose records history retention removed
 
     @property
     def ok(self) -> bool:
@@ -200,12 +216,31 @@ class AuditReport:
             "slots_checked": self.slots_checked,
             "dag_runs": self.dag_runs,
             "task_instances": self.task_instances,
+            "expired": self.expired,
             "truncated": list(self.truncated),
             "notes": list(self.notes),
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=False)
+
+
+def tombstone(exec_id: str) -> Record:
+    """The marker of an execution's tombstone, for `audit`'s executions."""
+    return {TOMBSTONE: True, "exec_id": exec_id}
+
+
+@dataclass(slots=True)
+class _Retention:
+    """What history retention removed, as far as the audit can tell."""
+
+    horizon_ms: int | None  # slots due before it may have expired; None: retention off
+    tombstoned: set[str] = field(default_factory=set)
+    expired: set[tuple[Any, ...]] = field(default_factory=set)
+
+    def gone(self, ex_id: str, due_ms: int) -> bool:
+        return ex_id in self.tombstoned or (self.horizon_ms is not None
+                                            and due_ms < self.horizon_ms)
 
 
 def iso(ms: int | None) -> str:
@@ -441,6 +476,7 @@ class _SlotCheck:
     max_slots: int
     final: Record
     findings: _Findings
+    retention: _Retention
     checked: set[int] = field(default_factory=set)
     reported: set[int] = field(default_factory=set)
     enumerated: int = 0
@@ -488,6 +524,9 @@ class _SlotCheck:
         self.checked.add(s)
         if self.slots.get((self.job_id, s)) or s in self.reported:
             return
+        if self.retention.gone(slot_exec_id(self.job_id, s), s):
+            self.retention.expired.add(("slot", self.job_id, s))
+            return  # its record was removed by history retention, not lost
         alive = self.final.get("status") != JobStatus.DELETED
         if alive and self.final.get("queued_slot_ms") == s:
             return  # buffered by overlap=queue; starts when the running one finishes
@@ -637,6 +676,11 @@ class _DagCheck:
     def task_count(self) -> int:
         return len(self._tasks)
 
+    def forget(self, ex_id: str) -> None:
+        """A tombstone (history retention): a later record of the id starts afresh. The
+        run's task instances stay known for the orphan check (their run was seen)."""
+        self._tasks.pop(ex_id, None)
+
     def see(self, rec: Record, idx: int) -> None:
         if rec.get("dag") is not None:
             self._run(rec, idx)
@@ -742,7 +786,7 @@ class _DagCheck:
 
     # --- across records -------------------------------------------------------------------
 
-    def finish(self) -> None:
+    def finish(self, retention: _Retention) -> None:
         for (job_id, s), ids in self._slot_runs.items():
             if len(ids) > 1:
                 self._out.add(("slot", job_id, s), DAG_ONE_RUN_PER_SLOT, job_id=job_id,
@@ -750,6 +794,9 @@ class _DagCheck:
                               detail=f"{len(ids)} runs for one slot: {sorted(ids)}")
         for ex_id, task in self._tasks.items():
             run = self.runs.get(task.run_id)
+            if run is None and retention.gone(task.run_id, task.scheduled_for_ms):
+                retention.expired.add(("task", ex_id))
+                continue  # its run went by history retention (first: see retention.py)
             if run is None:
                 why = f"run_id {task.run_id!r} names no DAG run record"
             elif task.task_id not in run.states:
@@ -786,14 +833,19 @@ def _restart(seen: _TaskSeen, a: Record) -> str | None:
 
 
 def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
-          grace_ms: int = DEFAULT_GRACE_MS, max_slots: int = MAX_SLOTS_PER_JOB) -> AuditReport:
+          grace_ms: int = DEFAULT_GRACE_MS, max_slots: int = MAX_SLOTS_PER_JOB,
+          history_ms: int = 0) -> AuditReport:
+    """`history_ms`: the deployment's history window (KRON_HISTORY_DAYS); 0 when retention
+    is off, and then every missing record counts (see the module's note)."""
     findings = _Findings()
+    retention = _Retention(horizon_ms=now_ms - history_ms + FIRE_AHEAD_MAX_MS
+                           if history_ms else None)
     # Jobs first: the lost-slot check needs every execution, so it runs last.
     dags = _DagSpecs()
     states, policy, n_jobs = _read_jobs(jobs, findings, dags)
     dag = _DagCheck(dags, findings)
-    slots, n_execs = _read_executions(executions, policy, findings, dag)
-    dag.finish()
+    slots, n_execs = _read_executions(executions, policy, findings, dag, retention)
+    dag.finish(retention)
     for (job_id, s), ids in slots.items():
         # Two DAG runs for a slot are dag.one_run_per_slot's.
         if len(ids) > 1 and not all(i in dag.runs for i in ids):
@@ -801,13 +853,15 @@ def audit(jobs: Iterable[Record], executions: Iterable[Record], *, now_ms: int,
                          scheduled_for_ms=s,
                          detail=f"{len(ids)} executions for one slot: {sorted(ids)}")
     checked, truncated, notes = _judge_slots(states, slots, findings, now_ms=now_ms,
-                                             grace_ms=grace_ms, max_slots=max_slots)
+                                             grace_ms=grace_ms, max_slots=max_slots,
+                                             retention=retention)
     notes += dag.notes
     notes += [f"{job_id}: the DAG of spec version {version} does not parse; its runs' trigger "
               "rules were not judged" for job_id, version in sorted(dags.bad)]
     return AuditReport(violations=findings.violations(), jobs=n_jobs, executions=n_execs,
                        slots_checked=checked, truncated=tuple(truncated), notes=tuple(notes),
-                       dag_runs=len(dag.runs), task_instances=dag.task_count)
+                       dag_runs=len(dag.runs), task_instances=dag.task_count,
+                       expired=len(retention.expired))
 
 
 def _read_jobs(jobs: Iterable[Record], findings: _Findings, dags: _DagSpecs
@@ -835,7 +889,7 @@ def _read_jobs(jobs: Iterable[Record], findings: _Findings, dags: _DagSpecs
 
 
 def _read_executions(executions: Iterable[Record], policy: dict[str, _Policy],
-                     findings: _Findings, dag: _DagCheck
+                     findings: _Findings, dag: _DagCheck, retention: _Retention
                      ) -> tuple[dict[tuple[str, int], set[str]], int]:
     """Every execution's transitions checked; the executions of each slot (a DAG task
     instance shares its run's slot and is not one); attempts past the job's retry policy (a
@@ -846,8 +900,16 @@ def _read_executions(executions: Iterable[Record], policy: dict[str, _Policy],
     reruns: dict[str, int] = {}  # exec_id -> the attempt its last rerun started
     n_execs = 0
     for idx, rec in enumerate(executions):
-        n_execs += 1
         ex_id = rec["exec_id"]
+        if rec.get(TOMBSTONE):
+            # Gone by retention: a record of the id after this is a new life.
+            retention.tombstoned.add(ex_id)
+            seen.pop(ex_id, None)
+            reruns.pop(ex_id, None)
+            over_policy.discard(ex_id)
+            dag.forget(ex_id)
+            continue
+        n_execs += 1
         seen[ex_id] = _check_execution(rec, idx, seen.get(ex_id), findings)
         dag.see(rec, idx)
         if rec.get("run_id") is not None:
@@ -871,8 +933,8 @@ def _read_executions(executions: Iterable[Record], policy: dict[str, _Policy],
 
 
 def _judge_slots(states: dict[str, list[Record]], slots: dict[tuple[str, int], set[str]],
-                 findings: _Findings, *, now_ms: int, grace_ms: int, max_slots: int
-                 ) -> tuple[int, list[str], list[str]]:
+                 findings: _Findings, *, now_ms: int, grace_ms: int, max_slots: int,
+                 retention: _Retention) -> tuple[int, list[str], list[str]]:
     """Every slot each job's specs made due, judged against the executions found."""
     notes: list[str] = []
     plans = _Plans()
@@ -880,7 +942,8 @@ def _judge_slots(states: dict[str, list[Record]], slots: dict[tuple[str, int], s
     truncated: list[str] = []
     for job_id, history in states.items():
         check = _SlotCheck(job_id=job_id, slots=slots, now_ms=now_ms, grace_ms=grace_ms,
-                           max_slots=max_slots, final=history[-1], findings=findings)
+                           max_slots=max_slots, final=history[-1], findings=findings,
+                           retention=retention)
         first_plan = plans.of(history[0])
         virtual = _virtual_creation(history[0], first_plan) if first_plan else None
         if virtual is not None and first_plan is not None:
@@ -907,5 +970,6 @@ def _pairs(history: list[Record]) -> Iterator[tuple[Record, Record]]:
         yield history[i - 1], history[i]
 
 
-__all__ = ["DAG_KINDS", "KINDS", "AuditReport", "Violation", "audit", "iso"]
+__all__ = ["DAG_KINDS", "KINDS", "TOMBSTONE", "AuditReport", "Violation", "audit", "iso",
+           "tombstone"]
 

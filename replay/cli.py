@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -30,7 +31,7 @@ from rich.text import Text
 
 from kron.clock import SystemClock
 from kron.settings import Settings
-from replay.audit import DEFAULT_GRACE_MS, KINDS, AuditReport, audit, iso
+from replay.audit import DEFAULT_GRACE_MS, KINDS, AuditReport, audit, iso, tombstone
 from replay.export import export
 from replay.reader import Entry, read_topic, topic_offsets
 from schemas.envelope import make_envelope
@@ -39,7 +40,8 @@ JOB_STATE = "kron.state.JobState"
 EXECUTION_STATE = "kron.executions.ExecutionState"
 
 replay_app = typer.Typer(
-    help="Audit kron's recorded history against its guarantees, or export it as JSON lines.",
+    help="Audit kron's recorded history against its guarantees, export it as JSON lines, or "
+         "archive old executions as Parquet.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -98,6 +100,15 @@ def _records(entries: Iterator[Entry], name: str) -> Iterator[dict[str, Any]]:
             yield entry.record
 
 
+def _executions(entries: Iterator[Entry]) -> Iterator[dict[str, Any]]:
+    """Execution records, and a tombstone marker where history retention deleted one."""
+    for entry in entries:
+        if entry.tombstone and entry.key is not None:
+            yield tombstone(entry.key.decode("utf-8", "replace"))
+        elif entry.name == EXECUTION_STATE and entry.record is not None:
+            yield entry.record
+
+
 def _print_report(report: AuditReport, console: Console) -> None:
     if report.violations:
         table = Table(title="Violations", show_lines=False)
@@ -111,6 +122,8 @@ def _print_report(report: AuditReport, console: Console) -> None:
     verdict = "[green]OK[/green]" if report.ok else f"[red]FAILED[/red] ({counts})"
     dag = (f"{report.dag_runs:,} DAG runs, {report.task_instances:,} task instances, "
            if report.dag_runs or report.task_instances else "")
+    if report.expired:
+        dag += f"{report.expired:,} expired by history retention, "
     console.print(f"{report.jobs:,} job records, {report.executions:,} execution records, "
                   f"{dag}{report.slots_checked:,} slots checked: {verdict}")
     for job_id in report.truncated:
@@ -131,6 +144,10 @@ def audit_command(
     grace_ms: Annotated[int, typer.Option(
         "--grace-ms", help="How long a due slot may go unrecorded before it is lost.")]
     = DEFAULT_GRACE_MS,
+    history_days: Annotated[float | None, typer.Option(
+        "--history-days", help="The history window (default KRON_HISTORY_DAYS): a missing "
+                               "record older than it expired, it is not lost; 0: none may.")]
+    = None,
 ) -> None:
     """Check the recorded history against kron's guarantees; exit code 1 on any violation.
 
@@ -138,16 +155,20 @@ def audit_command(
     attempts over the retry policy, stale-token writes and cursors moving back; for DAG
     jobs, tasks started against their trigger rule, finished runs with unfinished tasks,
     two runs for one slot, task attempts started twice, and task instances without a run.
+    Executions removed by history retention (tombstoned, or older than the window) are
+    counted as expired, not lost.
     """
     settings = Settings()
+    history_ms = (settings.history_ms if history_days is None
+                  else int(history_days * 86_400_000))
     now = now_ms if now_ms is not None else SystemClock().now_ms()
     err = Console(stderr=True)
     try:
         with _progress(err) as progress:
             # jobs first: an execution written before a job state is then surely read
             report = audit(_records(_read(settings, "jobs", progress), JOB_STATE),
-                           _records(_read(settings, "executions", progress), EXECUTION_STATE),
-                           now_ms=now, grace_ms=grace_ms)
+                           _executions(_read(settings, "executions", progress)),
+                           now_ms=now, grace_ms=grace_ms, history_ms=history_ms)
     except (KafkaException, TimeoutError, KeyError) as exc:
         err.print(f"[red]error:[/red] reading the topics failed: {exc}")
         raise typer.Exit(code=2) from exc
@@ -174,6 +195,52 @@ def _parse_time(value: str | None, option: str) -> int | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return int(when.timestamp() * 1000)
+
+
+def _before(value: str, now_ms: int) -> int:
+    """--before: `<N>d` (the start of the UTC day N days ago, so every day archived is a
+    whole one: what a daily kron job passes), else a time as --since takes it."""
+    text = value.strip()
+    if text.endswith("d") and text[:-1].isdigit():
+        day_ms = 86_400_000
+        return (now_ms - int(text[:-1]) * day_ms) // day_ms * day_ms
+    parsed = _parse_time(text, "--before")
+    assert parsed is not None
+    return parsed
+
+
+@replay_app.command("archive")
+def archive_command(
+    before: Annotated[str, typer.Option(
+        "--before", help="Archive executions that ended before this: ISO 8601 (a date is "
+                         "its UTC midnight), epoch ms, or Nd (UTC midnight N days ago).")],
+    to: Annotated[Path, typer.Option("--to", help="The archive's root directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line for scripts.")] = False,
+) -> None:
+    """Write the executions that ended before --before as Parquet, one file per day (the
+    UTC date each ended on) and partition of kron.executions:
+    DIR/date=YYYY-MM-DD/partition=N.parquet. A rerun merges into the same files, so it is
+    idempotent; run it daily (as a kron job: docs/operations.md) with --before shorter
+    than KRON_HISTORY_DAYS, so every execution is archived before retention drops it."""
+    from replay.archive import archive
+
+    before_ms = _before(before, SystemClock().now_ms())
+    settings = Settings()
+    err = Console(stderr=True)
+    try:
+        with _progress(err) as progress:
+            files = archive(_read(settings, "executions", progress), before_ms=before_ms,
+                            root=to)
+    except (KafkaException, TimeoutError, KeyError) as exc:
+        err.print(f"[red]error:[/red] reading the topics failed: {exc}")
+        raise typer.Exit(code=2) from exc
+    summary = {"before": iso(before_ms), "root": str(to), "files": len(files),
+               "rows": sum(f.rows for f in files), "days": sorted({f.day for f in files})}
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+    else:
+        Console().print(f"archived {summary['rows']:,} executions in {len(files)} files "
+                        f"under {to} (ended before {summary['before']})")
 
 
 EXPORT_ORDER = ("executions", "jobs", "commands", "dead-letters")
@@ -229,7 +296,6 @@ def rebuild_command(
     """
     import shutil
     import time
-    from pathlib import Path
 
     from api.projection import rebuild
 

@@ -26,6 +26,7 @@ class Entry:
     record: dict[str, Any] | None
     timestamp_ms: int
     epoch: int | None = None  # the writer's owner epoch, from the kron-epoch header
+    tombstone: bool = False  # no value: the key's deletion (compacted topics)
 
 
 def _consumer(source: str | Settings) -> Consumer:
@@ -82,7 +83,7 @@ def _entry(msg: Any, epoch: int | None) -> Entry:
             pass
     return Entry(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
                  key=msg.key(), name=name, record=record, timestamp_ms=msg.timestamp()[1],
-                 epoch=epoch)
+                 epoch=epoch, tombstone=msg.value() is None)
 
 
 def topic_offsets(source: str | Settings, topic: str, *,

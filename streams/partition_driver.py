@@ -155,7 +155,8 @@ class PartitionDriver:
         if gate is None:
             gate = self._gates[partition] = PartitionGate(self.gate, partition)
         return (PartitionCore(store, self.plans, check_target=self.guard.check,
-                              weights=self.weights, gate=gate),
+                              weights=self.weights, gate=gate,
+                              history_ms=self.settings.history_ms),
                 self._context(rec, epoch))
 
     def _context(self, rec: dict[str, Any], epoch: int) -> Context:

@@ -45,6 +45,9 @@ class TimerKind(IntEnum):
     HELD = 5
     # An execution queued by its tenant's max_running: started when the tenant has room.
     WAIT = 6
+    # Executions whose history window ran out: their records are tombstoned when it falls
+    # due (streams.engine.retention), in the housekeeping lane.
+    EXPIRE = 7
 
 
 class Tier(IntEnum):
@@ -54,6 +57,9 @@ class Tier(IntEnum):
     CRITICAL = 1
     NORMAL = 2
     BATCH = 3
+    # Housekeeping no tenant waits for (history retention): decided after every tier, with
+    # what a round has left, so it never delays a slot.
+    HOUSEKEEPING = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,7 @@ def is_waiting(lane: Lane) -> bool:
 
 
 SYSTEM_LANE = Lane(Tier.SYSTEM, 0)
+HOUSEKEEPING_LANE = Lane(Tier.HOUSEKEEPING, 0)
 LEGACY_LANE = Lane(Tier.SYSTEM, -1)
 
 

@@ -48,7 +48,7 @@ from streams.domain.timer import (
     tenant_lane,
 )
 from streams.domain.timer import encode_timer_key as timer_key
-from streams.engine import backfill
+from streams.engine import backfill, retention
 from streams.engine.lanes import EQUAL_WEIGHTS, FairState, LaneWeight, pick, tier_of
 from streams.engine.records import (
     AttemptsFinishedReport,
@@ -261,6 +261,9 @@ class Context:
     # FIRE timers a command settled (_settle_overdue): deleted after the event's leases are
     # written, as a tick deletes what it fired, so a durable delete implies durable leases.
     settled: list[bytes] = field(default_factory=list)
+    # Executions this event ended: expired together when their history window has passed
+    # (streams.engine.retention).
+    ended: list[str] = field(default_factory=list)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -320,8 +323,11 @@ def _no_tenant_checks(tenant: str, target: Any) -> None:
 class PartitionCore:
     def __init__(self, store: PartitionStore, plans: PlanCache | None = None, *,
                  check_target: TargetCheck = _no_tenant_checks,
-                 weights: LaneWeight = EQUAL_WEIGHTS, gate: PartitionGate | None = None) -> None:
+                 weights: LaneWeight = EQUAL_WEIGHTS, gate: PartitionGate | None = None,
+                 history_ms: int = 0) -> None:
         self.store = store
+        # How long an ended execution stays (KRON_HISTORY_DAYS); 0 keeps it for good.
+        self.history_ms = history_ms
         self._plans = plans if plans is not None else PlanCache()
         self._check_target = check_target
         # Each tenant's share of a round's decisions (a deployment setting, like the grace).
@@ -357,6 +363,7 @@ class PartitionCore:
             event_type=event_type, occurred_at_ms=ctx.now_ms, tenant=ex["envelope"]["tenant"],
             causation_id=ctx.causation_id, correlation_id=ex["job_id"], producer=ctx.worker)
         self.store.put_execution(ex)
+        retention.note_saved(self, ex, ctx)
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -861,6 +868,9 @@ class PartitionCore:
             if data["i"] != ctx.incarnation:
                 self._hand_over(data["h"], tk.due_ms, ctx)
             return
+        if tk.kind == TimerKind.EXPIRE:
+            retention.on_expire(self, data, ctx)
+            return
         job = self.store.job(tk.job_id)
         if job is None:
             return
@@ -1046,6 +1056,7 @@ class PartitionCore:
         """One timer for all the attempts an event leased until the same time, instead of a
         put and a delete per attempt: finished attempts are skipped when it fires. The same
         for the attempts it decided ahead, by due time."""
+        retention.flush(self, ctx)
         for due, entries in ctx.leases.items():
             lease: LeaseTimer = {"l": entries}
             self._put_grouped(TimerKind.LEASE, due, lease)

@@ -396,6 +396,12 @@ class TableStore:
         else:  # live (a rerun's start, say): an entry from an earlier end must go
             self._terminal.discard(execution["exec_id"])
 
+    def delete_execution(self, exec_id: str) -> None:
+        # A tombstone in the compacted changelog. The record cache needs nothing: a read
+        # finds no bytes and answers None. The terminal memo keeps its entry on purpose:
+        # the id did end, and a lease timer left of it must still skip it.
+        self._executions.write(self._partition, exec_id.encode(), None, self._epoch)
+
     def known_terminal(self, exec_id: str, attempt: int = 0) -> bool:
         ended = self._terminal.ended_at(exec_id)
         return ended is not None and ended >= attempt

@@ -108,6 +108,12 @@ class PartitionStore(Protocol):
 
     def put_execution(self, execution: ExecutionRecord) -> None: ...
 
+    def delete_execution(self, exec_id: str) -> None:
+        """Write the execution's tombstone (history retention: streams.engine.retention).
+        known_terminal may go on answering True for it: the id ended, and nothing may start
+        it again."""
+        ...
+
     def put_timer(self, key: bytes, value: bytes) -> None: ...
 
     def delete_timer(self, key: bytes, *, read: bool = False) -> None:
@@ -174,6 +180,12 @@ class MemoryStore:
     def put_execution(self, execution: ExecutionRecord) -> None:
         self._write("execution", self.executions, execution["exec_id"], execution,
                     names.EXECUTION_STATE)
+
+    def delete_execution(self, exec_id: str) -> None:
+        if self.executions.pop(exec_id, None) is not None:
+            del self._saved[("execution", exec_id)]
+        # The changelog's tombstone: the kind says so, the record holds only the key.
+        self.log.append(("execution-tombstone", {"exec_id": exec_id}))
 
     def _read(self, kind: str, table: dict[str, RecordT], key: str) -> RecordT | None:
         record = table.get(key)

@@ -24,7 +24,7 @@ from api import models
 from api.problems import Problem
 from api.projection import INVERT, Views
 from api.routes.base import Json, KronRoute, ThisCall
-from api.routes.render import STATES, job_out, run_out
+from api.routes.render import STATES, job_out, run_out, upcoming_out
 from api.routes.service import Service
 from api.ui.pages import HEADERS
 from api.ui.query import KINDS, MINUTE_MS, JobSearch, RunSample, activity, parse_label
@@ -63,7 +63,8 @@ async def upcoming(job_id: str, call: ThisCall, count: int = 5) -> Json:
         slots = models.upcoming(svc.spec_of(call.tenant, job_id), now_ms=svc.clock.now_ms(),
                                 count=count)
     schedule = job["spec"].get("schedule") or {}
-    return Json({"job_id": job_id, "status": job["status"], "upcoming": [iso(t) for t in slots],
+    return Json({"job_id": job_id, "status": job["status"],
+                 "upcoming": upcoming_out(job["spec"], slots),  # in the job's zone
                  "timezone": schedule.get("timezone", "UTC")}, headers=HEADERS)
 
 

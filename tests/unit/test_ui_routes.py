@@ -129,7 +129,10 @@ def test_a_cron_jobs_next_five_slots(client: TestClient) -> None:
     slots = [datetime.fromisoformat(t) for t in body["upcoming"]]
     assert len(slots) == 5
     assert all(b - a == timedelta(hours=1) for a, b in itertools.pairwise(slots))
-    assert all(s.minute == 30 for s in slots)  # :00 in Kolkata is :30 in UTC
+    # In the job's zone, as the API's `upcoming`: :00 at +05:30 (:30 in UTC).
+    assert all(s.minute == 0 and s.utcoffset() == timedelta(hours=5, minutes=30)
+               for s in slots)
+    assert all(s.astimezone(UTC).minute == 30 for s in slots)
 
 
 def test_runs_and_activity_answer_empty_for_a_tenant_without_runs(client: TestClient) -> None:

@@ -205,3 +205,31 @@ def test_a_tenant_with_room_again_wakes_the_owner() -> None:
     assert woken == []  # nothing of a capped tenant ended yet
     o.succeed(first[0])
     assert woken == ["A"]
+
+
+def test_a_dag_run_counts_once_and_a_queued_one_can_be_cancelled() -> None:
+    from tests.unit.test_core_dag import dag_spec, task
+
+    o = Owner(TenantTable.from_toml("[tenants.A]\nmax_running = 1\n"))
+    for i in range(2):
+        o.core.create_new(job_id=f"dag-{i}", tenant="A", command_id=f"c{i}",
+                          spec=dag_spec([task("a"), task("b")], run_at_ms=T0 + i),
+                          idempotency_key=None, ctx=o.ctx())
+    started = o.tick(T0 + 10)
+    # The first run's two root tasks start (one run, however many tasks); the second waits.
+    assert sorted(d.task_id or "" for d in started) == ["a", "b"]
+    assert {d.job_id for d in started} == {"dag-0"}
+    assert o.states("A") == {"running": 3, "queued": 1}  # the run, its two tasks; the other
+    queued = next(e for e in o.store.executions.values() if e["state"] == "queued")
+    o.core.on_command("kron.commands.CancelRun", {
+        "envelope": {"event_id": "cx", "event_type": "run.cancel_requested",
+                     "schema_version": 1, "occurred_at_ms": o.now, "tenant": "A",
+                     "causation_id": None, "correlation_id": "dag-1", "producer": "t"},
+        "command_id": "cx", "job_id": "dag-1", "run_id": queued["exec_id"],
+        "reason": "not needed"}, o.ctx())
+    assert o.store.execution(queued["exec_id"])["state"] == "cancelled"  # type: ignore[index]
+    assert o.waiting_timers() == 0
+    for d in started:
+        o.succeed(d)
+    assert o.tick(T0 + SEC) == []
+    assert o.states("A") == {"succeeded": 3, "cancelled": 1}

@@ -87,10 +87,15 @@ def test_counters_match_the_recorded_history(api_stack: ApiStack) -> None:
     stack = api_stack
     worker_url = worker_metrics_url(stack)
     jobs = create_load(stack)
-    during = scrape(worker_url)  # while the load is due or running: it must parse
+    during = scrape(worker_url)
     assert by(during, "kron_partitions_owned") == {(): stack.settings.partitions}
+    ended_so_far: list[float] = []
 
     def all_ended() -> dict[str, tuple[str, str]] | None:
+        # Both pages scraped and parsed all through the load; counters only grow.
+        ended_so_far.append(sum(scrape(worker_url).get("kron_executions_total", {}).values()))
+        assert ended_so_far == sorted(ended_so_far)
+        scrape(f"{stack.api.url}/metrics")
         # The topics are this module's own: the load and the fixture's warm-up job.
         ends = recorded_ends(stack)
         done = [state for _, state in ends.values() if state in TERMINAL]

@@ -57,7 +57,9 @@ def test_requests_are_timed_by_route_template_method_and_status(client: TestClie
     assert client.get("/v1/jobs", headers={"X-API-Key": "wrong"}).status_code == 401
     assert client.get("/no/such/path/42").status_code == 404
     assert client.request("BREW", "/v1/jobs").status_code == 405
+    counts(client)
     seen = counts(client)
+    assert seen[key("/metrics", "GET", 200)] == 1  # the scrape before this one
     assert seen[key("/v1/jobs/{job_id}", "GET", 404)] == 3
     assert seen[key("/v1/jobs", "GET", 200)] == 1
     assert seen[key("/v1/jobs", "GET", 401)] == 1

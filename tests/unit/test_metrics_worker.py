@@ -278,3 +278,30 @@ def test_the_store_counts_each_end_of_an_execution_once() -> None:
     store().put_execution(other)
     assert counts.executions == {(tenant, "succeeded"): 1, (tenant, "failed"): 1,
                                  (tenant, "missed"): 1}
+
+
+def test_a_flush_that_waits_for_acks_reports_how_long() -> None:
+    from streams.changelog import Changelog
+
+    class Books(Changelog):
+        def _write(self, *args: Any) -> None:
+            pass
+
+        def poll(self) -> None:
+            pass
+
+    async def scenario() -> list[float]:
+        waits: list[float] = []
+        log = Books(on_offsets=lambda offsets: None, on_fatal=lambda why: None)
+        log.on_ack_wait = waits.append
+        await log.flush()  # nothing written: nothing to wait for, nothing observed
+        log.produce("t", 0, b"k", b"v", None)
+        flushing = asyncio.ensure_future(log.flush())
+        await asyncio.sleep(0.02)
+        log._ack(("t", 0), 1, 0)
+        log._settle()
+        await flushing
+        return waits
+
+    waits = asyncio.run(scenario())
+    assert len(waits) == 1 and 0.015 <= waits[0] < 1.0

@@ -305,3 +305,59 @@ def test_a_flush_that_waits_for_acks_reports_how_long() -> None:
 
     waits = asyncio.run(scenario())
     assert len(waits) == 1 and 0.015 <= waits[0] < 1.0
+
+
+@dataclass(frozen=True)
+class TP:
+    topic: str
+    partition: int
+
+
+class Consumer:
+    def assignment(self) -> set[TP]:
+        return {TP("k.commands", 0), TP("k.signals", 1), TP("k.jobs-changelog", 0),
+                TP("k.commands", 2)}
+
+    def highwater(self, tp: TP) -> int | None:
+        return {TP("k.commands", 0): 120, TP("k.signals", 1): 7}.get(tp)
+
+
+class Commits:
+    def committed(self, tp: TP) -> int | None:
+        return {TP("k.commands", 0): 100}.get(tp)
+
+
+class App:
+    consumer = Consumer()
+
+
+class Runtime:
+    def commit_control(self) -> Commits:
+        return Commits()
+
+
+def test_lag_is_the_high_watermark_past_the_commit_of_the_topics_read() -> None:
+    worker = FakeWorker(Timers({}))
+    worker.app, worker.runtime = App(), Runtime()  # type: ignore[assignment]
+    probe = WorkerProbe(counts=WorkerCounts(), executor=FakeExecutor(), worker=worker,
+                        topics=["k.commands", "k.signals"], monotonic=lambda: 0.0)
+    # Standby changelogs are not lag; a partition without a high watermark yet is left out;
+    # one never committed lags by all it holds.
+    assert probe._lag() == {("k.commands", 0): 20, ("k.signals", 1): 7}
+
+
+def test_serve_binds_a_free_port_and_says_where(tmp_path: Any) -> None:
+    import urllib.request
+
+    from streams.metrics_server import PORT_FILE, serve
+
+    probe = WorkerProbe(counts=WorkerCounts(), executor=FakeExecutor(),
+                        worker=FakeWorker(Timers({})), topics=[], monotonic=lambda: 0.0)
+    port = serve(WorkerCollector(probe), host="127.0.0.1", port=0, data_dir=tmp_path)
+    assert port and int((tmp_path / PORT_FILE).read_text()) == port
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    names = {f.name for f in text_string_to_metric_families(page.decode())}
+    assert {"kron_attempts_in_flight", "kron_partitions_owned", "process_cpu_seconds"} <= names
+    # The port taken: logged, not fatal, and no port file of its own.
+    assert serve(WorkerCollector(probe), host="127.0.0.1", port=port,
+                 data_dir=tmp_path / "nowhere") is None

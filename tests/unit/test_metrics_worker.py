@@ -361,3 +361,26 @@ def test_serve_binds_a_free_port_and_says_where(tmp_path: Any) -> None:
     # The port taken: logged, not fatal, and no port file of its own.
     assert serve(WorkerCollector(probe), host="127.0.0.1", port=port,
                  data_dir=tmp_path / "nowhere") is None
+
+
+def test_timers_are_recounted_no_more_than_their_share_of_the_loop_allows() -> None:
+    now = [0.0]
+
+    def monotonic() -> float:  # every reading is 0.2 s later: each chunk "takes" 0.2 s
+        now[0] += 0.2
+        return now[0]
+
+    dbs = {0: DB(keys(TimerKind.FIRE, 3)), 3: DB(keys(TimerKind.RETRY, 2))}
+    probe = WorkerProbe(counts=WorkerCounts(), executor=FakeExecutor(),
+                        worker=FakeWorker(Timers(dbs)), topics=[], monotonic=monotonic)
+
+    def pending() -> dict[tuple[int, str], int]:
+        return asyncio.run(probe.snapshot()).timers
+
+    assert pending() == {(0, "fire"): 3, (3, "retry"): 2}
+    dbs[0].keys = keys(TimerKind.FIRE, 5)
+    # Two chunks took 0.4 s: the next count waits 0.4 / 2% = 20 s, not 10.
+    now[0] = 15.0
+    assert pending()[(0, "fire")] == 3
+    now[0] = 21.0
+    assert pending()[(0, "fire")] == 5

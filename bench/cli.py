@@ -383,3 +383,53 @@ def dag(
     if workers < 1:
         raise typer.BadParameter("dag needs at least one worker", param_hint="--workers")
     run(scenario.dag, opts, runs=runs, fanout=fanout, workers=workers, partitions=partitions)
+
+
+@bench_app.command()
+def noisy(
+    a_jobs: Annotated[int, typer.Option(
+        "--a-jobs", min=1, max=1_000_000,
+        help="Tenant A's one-offs, all due at the same second T.")] = 100_000,
+    b_jobs: Annotated[int, typer.Option(
+        "--b-jobs", min=1, max=10_000,
+        help="Tenant B's critical one-offs due at T, and as many normal ones at T + 1 s.")]
+    = 100,
+    steady: Annotated[bool, typer.Option(
+        "--steady", help="Per-second cron jobs instead: A at --a-rate and B at --b-rate "
+                         "(half critical, half normal) for --seconds.")] = False,
+    seconds: Annotated[int, typer.Option(min=2, max=3600, help="--steady: the window.")] = 60,
+    a_rate: Annotated[int, typer.Option("--a-rate", min=1, max=100_000,
+                                        help="--steady: tenant A's executions a second.")]
+    = 3000,
+    b_rate: Annotated[int, typer.Option("--b-rate", min=1, max=10_000,
+                                        help="--steady: tenant B's executions a second.")]
+    = 50,
+    workers: WorkersOpt = 1,
+    partitions: PartitionsOpt = 8,
+    as_json: JsonOpt = False,
+    plot_dir: PlotOpt = None,
+    progress: ProgressOpt = False,
+    env: WorkerEnvOpt = None,
+    no_barrier: NoBarrierOpt = False,
+    save: SaveOpt = False,
+    label: LabelOpt = None,
+    results_dir: ResultsDirOpt = None,
+    repeat: RepeatOpt = 1,
+    broker_warmup: BrokerWarmupOpt = 30.0,
+) -> None:
+    """A noisy neighbour: tenant B's critical and normal one-offs beside tenant A's flood
+    (A_JOBS due at one second), then with --steady beside A's steady load; B's lateness per
+    tier with A and, in the same command, without it (the `alone` phase, its own tenants).
+    Lost and duplicated calls counted at the receiver by Idempotency-Key.
+
+    --plot draws B's lateness beside A and all calls per second.
+    """
+    from bench import noisy as scenario
+
+    opts = common(as_json=as_json, plot_dir=plot_dir, progress=progress, save=save,
+                  label=label, results_dir=results_dir, env=env, no_barrier=no_barrier,
+                  repeat=repeat, broker_warmup_s=broker_warmup)
+    if workers < 1:
+        raise typer.BadParameter("noisy needs at least one worker", param_hint="--workers")
+    run(scenario.noisy, opts, a_jobs=a_jobs, b_jobs=b_jobs, steady=steady, seconds=seconds,
+        a_rate=a_rate, b_rate=b_rate, workers=workers, partitions=partitions)

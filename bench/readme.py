@@ -21,7 +21,7 @@ from bench.results import REPO, RESULTS_DIR
 
 START, END = "<!-- perf:start -->", "<!-- perf:end -->"
 README = REPO / "bench" / "README.md"
-ORDER = ("steady", "burst", "timers", "api", "failover", "dag")
+ORDER = ("steady", "burst", "timers", "api", "failover", "dag", "noisy")
 COLUMNS = ("result", "options", "executions/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "lost",
            "dup", "peak RSS MB", "CPU s", "key figures", "floor", "floor met")
 Result = dict[str, Any]
@@ -97,6 +97,56 @@ def _failover(r: Result) -> list[str]:
                     limit_s * 1000, "ms"))
 
 
+def _tier(r: Result, side: str, tier: str, q: str = "p99") -> float | None:
+    return _lat((r.get(side) or {}).get(tier) or {}, q)
+
+
+def _jobs(r: Result, side: str, *tiers: str) -> int | None:
+    """Jobs of one side's groups: tenant A's (`a`), or B's tiers (each a group)."""
+    groups = [r.get(side) if tier == "a" else (r.get(side) or {}).get(tier) for tier in tiers]
+    counts = [g.get("jobs") for g in groups if isinstance(g, dict)]
+    return sum(c for c in counts if isinstance(c, int)) if counts else None
+
+
+def _sizes(r: Result) -> tuple[int | None, int | None]:
+    """(A's jobs, B's): a burst's B per tier, a steady run's B in all (its rate)."""
+    b = (_jobs(r, "tenant_b", "critical") if r.get("mode") != "steady"
+         else _jobs(r, "tenant_b", "critical", "normal"))
+    return _jobs(r, "tenant_a", "a"), b
+
+
+def _noisy_common(r: Result) -> list[str]:
+    out = [f"{r[k]} {k.replace('_', ' ')}" for k in ("audit_lost", "audit_duplicates")
+           if r.get(k)]
+    a = r.get("tenant_a") or {}
+    if a.get("executions", 0) < a.get("expected", 1):
+        out.append(f"A ran {num(a.get('executions'))} of {num(a.get('expected'))}")
+    return out
+
+
+def _noisy(r: Result) -> list[str]:
+    a, b = _sizes(r)
+    out = _under("A jobs", a, 100_000, "")
+    out += _under("B jobs", b, 100, "")
+    out += _over("B critical p99", _tier(r, "tenant_b", "critical"), 250, "ms")
+    out += _over("B normal p99", _tier(r, "tenant_b", "normal"), 1000, "ms")
+    return out + _noisy_common(r)
+
+
+def _noisy_steady(r: Result) -> list[str]:
+    a, b = _sizes(r)
+    out = _under("A rate", a, 3000, "/s")
+    out += _under("B rate", b, 50, "/s")
+    out += _under("window", r.get("seconds"), 60, " s")
+    for tier in ("critical", "normal"):
+        value = (r.get("ratios") or {}).get(f"{tier}_p99")
+        if value is None:
+            out.append(f"no B {tier} p99 ratio")
+        elif value > 2:
+            out.append(f"B {tier} p99 {value:.2f}x alone > 2x")
+    return out + _noisy_common(r)
+
+
 FLOORS = (
     Floor("steady-kafka", "steady", "kafka, 1 worker: ≥5,000/s for 60 s, p99 ≤ 1 s",
           _steady(5000, 1000, one_worker=True)),
@@ -108,6 +158,10 @@ FLOORS = (
     Floor("api", "api", "≥1,000 creates/s, p99 ≤ 150 ms", _api),
     Floor("failover", "failover", "at 500/s: orphaned slots run within session timeout + 5 s",
           _failover),
+    Floor("noisy", "noisy", "A's 100,000 due at T beside B's 100 critical (T) and 100 normal "
+          "(T + 1 s): B critical p99 ≤ 250 ms, normal p99 ≤ 1 s, A completes", _noisy),
+    Floor("noisy-steady", "noisy", "A 3,000/s beside B 50/s for 60 s: B's p99 within 2x of "
+          "B alone, per tier", _noisy_steady),
 )
 
 
@@ -116,6 +170,8 @@ def floor_of(r: Result) -> Floor | None:
     if scenario == "steady":
         key = ("steady-500" if r.get("rate") == 500 else
                "steady-kafka" if r.get("target") == "kafka" else "steady-http")
+    elif scenario == "noisy":
+        key = "noisy-steady" if r.get("mode") == "steady" else "noisy"
     else:
         key = str(scenario)
     return next((f for f in FLOORS if f.key == key), None)
@@ -143,7 +199,7 @@ def num(v: Any, unit: str = "") -> str:
 
 
 # Scenarios whose slots fire, so the fire-ahead window shapes them.
-FIRING = ("steady", "burst", "failover")
+FIRING = ("steady", "burst", "failover", "noisy")
 
 
 def options(r: Result) -> str:
@@ -161,6 +217,7 @@ def options(r: Result) -> str:
                      f"kill at {num(r.get('kill_after_s'))} s"] + (
             [w] if r.get("workers", 2) != 2 else []),
         "dag": [f"{num(r.get('runs'))} runs of 1 → {num(r.get('fanout'))} → 1", w],
+        "noisy": [*_noisy_options(r), w],
     }.get(str(s), [])
     if r.get("find_max"):
         parts.append("find-max")
@@ -176,6 +233,27 @@ def options(r: Result) -> str:
     for k, v in env.items():
         parts.append("no barrier" if (k, v) == ("KRON_DISPATCH_BARRIER", "false") else f"{k}={v}")
     return ", ".join(parts)
+
+
+def _noisy_options(r: Result) -> list[str]:
+    a, b = _sizes(r)
+    if r.get("mode") == "steady":
+        return [f"A {num(a)}/s, B {num(b)}/s (half critical) x {num(r.get('seconds'))} s"]
+    return [f"A {num(a)} one-offs at T, B {num(b)} critical at T + {num(b)} normal at T + 1 s"]
+
+
+def _noisy_figures(r: Result) -> str:
+    """B's p99 per tier beside A, alone and their ratio; A's drain; CPU per execution."""
+    tiers = []
+    for tier in ("critical", "normal"):
+        ratio = (r.get("ratios") or {}).get(f"{tier}_p99")
+        tiers.append(f"B {tier} p99 {num(_tier(r, 'tenant_b', tier))} ms (alone "
+                     f"{num(_tier(r, 'alone', tier))} ms, x{num(ratio)})")
+    a = r.get("tenant_a") or {}
+    cpu = ((r.get("phases") or {}).get("noisy") or {}).get("worker_cpu_us_per_execution")
+    return (f"p50-max: B critical beside A; {'; '.join(tiers)}; A's last call at "
+            f"{num(a.get('time_to_last_ms'))} ms ({num(a.get('executions_per_s'))}/s); "
+            f"worker CPU {num(cpu)} µs an execution")
 
 
 def key_figures(r: Result) -> str:
@@ -199,6 +277,8 @@ def key_figures(r: Result) -> str:
                 f"{num(_lat(r, 'p50', 'release_ms'))} ms, p99 {num(_lat(r, 'p99', 'release_ms'))}"
                 f" ms; {num(r.get('runs_per_s'))} runs/s; worker CPU "
                 f"{num(r.get('worker_cpu_us_per_call'))} µs a task call")
+    if s == "noisy":
+        return _noisy_figures(r)
     if s == "failover":
         takeover = r.get("takeover_ms")
         return (f"takeover {num(None if takeover is None else takeover / 1000)} s; orphan max "

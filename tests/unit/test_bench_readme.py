@@ -284,3 +284,39 @@ def test_the_warmup_reads_only_the_jvms_compiler_threads(tmp_path: Path) -> None
         (task / "stat").write_text(f"{tid} ({name}) {' '.join(fields)} 0 0\n")
     assert compiler_cpu_s(42, proc=tmp_path) == 5.0
     assert compiler_cpu_s(43, proc=tmp_path) is None
+
+
+def _noisy(mode: str, *, crit: float, normal: float, ratios: dict[str, float]) -> dict[str, Any]:
+    """A `kron bench noisy` result, trimmed to what the table reads."""
+    def tier(jobs: int, p99: float) -> dict[str, Any]:
+        return {"jobs": jobs, "lateness_ms": {"p50": p99 / 2, "p99": p99, "max": p99}}
+
+    a, b = (3000, 25) if mode == "steady" else (100_000, 100)
+    return {**STEADY, "scenario": "noisy", "mode": mode, "seconds": 60 if mode == "steady" else 0,
+            "tenant_a": {"jobs": a, "expected": a * (60 if mode == "steady" else 1),
+                         "executions": a * (60 if mode == "steady" else 1),
+                         "time_to_last_ms": 5000.0, "executions_per_s": 20_000.0},
+            "tenant_b": {"critical": tier(b, crit), "normal": tier(b, normal)},
+            "alone": {"critical": tier(b, 20.0), "normal": tier(b, 20.0)},
+            "ratios": ratios, "audit_lost": 0, "audit_duplicates": 0,
+            "phases": {"noisy": {"worker_cpu_us_per_execution": 250.0}}, "fire_ahead_s": 0.5}
+
+
+def test_noisy_floors_judge_b_beside_a() -> None:
+    burst = _noisy("burst", crit=200.0, normal=900.0,
+                   ratios={"critical_p99": 10.0, "normal_p99": 45.0})
+    floor = readme.floor_of(burst)
+    assert floor is not None and floor.key == "noisy"
+    assert readme.verdict(floor, burst) == "**met**"
+    late = {**burst, "tenant_b": {**burst["tenant_b"],
+                                  "critical": {"jobs": 100, "lateness_ms": {"p99": 300.0}}}}
+    assert readme.verdict(floor, late) == "not met: B critical p99 300.0 ms > 250 ms"
+    row = readme.row("noisy", burst)
+    assert row[1].startswith("A 100,000 one-offs at T, B 100 critical at T + 100 normal")
+    assert "B critical p99 200 ms (alone 20 ms, x10)" in row[11]
+    steady = _noisy("steady", crit=30.0, normal=50.0,
+                    ratios={"critical_p99": 1.5, "normal_p99": 2.5})
+    floor = readme.floor_of(steady)
+    assert floor is not None and floor.key == "noisy-steady"
+    assert readme.verdict(floor, steady) == "not met: B normal p99 2.50x alone > 2x"
+    assert readme.row("noisy-steady", steady)[1].startswith("A 3,000/s, B 50/s (half critical)")

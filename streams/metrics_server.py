@@ -173,23 +173,26 @@ def count_timer_keys(db: Any, partition: int, start: bytes | None,
         it.seek_to_first()
     else:
         it.seek(start)
+    by_kind = [0] * 256  # per kind byte: one list increment a key
+    nxt: bytes | None = None
     for _ in range(TIMERS_CHUNK):
         if not it.valid():
-            return None
-        key = bytes(it.key())
+            break
+        key = it.key()
         if key[0] > LANE_TAG:
-            return None
-        kind = _kind_name(kind_of(key))
-        counts[(partition, kind)] = counts.get((partition, kind), 0) + 1
+            break
+        by_kind[kind_of(key)] += 1
         it.next()
-    return bytes(it.key()) if it.valid() else None
+    else:
+        nxt = bytes(it.key()) if it.valid() else None
+    for kind, n in enumerate(by_kind):
+        if n:
+            name = _KIND_NAMES.get(kind) or str(kind)
+            counts[(partition, name)] = counts.get((partition, name), 0) + n
+    return nxt
 
 
-def _kind_name(kind: int) -> str:
-    try:
-        return TimerKind(kind).name.lower()
-    except ValueError:
-        return str(kind)
+_KIND_NAMES = {kind.value: kind.name.lower() for kind in TimerKind}
 
 
 def families(s: Snapshot) -> Iterator[Metric]:

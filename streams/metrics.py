@@ -131,16 +131,18 @@ def _counting_store(counts: WorkerCounts) -> type[TableStore]:
     """A TableStore that counts each execution's terminal write once: the core writes every
     outcome (succeeded, failed, missed, skipped, cancelled) through put_execution, and the
     store's terminal memo tells a first end from a rewrite of one. A rerun's new end counts
-    again. Built once per worker: the class carries the counts, so a store (one per
-    event) costs nothing more to make."""
+    again; a DAG run counts, its task instances don't. Built once per worker: the class
+    carries the counts, so a store (one per event) costs nothing more to make."""
 
     put = TableStore.put_execution  # called directly: no super() object per write
 
     class CountingTableStore(TableStore):
         def put_execution(self, execution: Any) -> None:
             state = execution["state"]
-            if state in TERMINAL and not self.known_terminal(execution["exec_id"],
-                                                             execution["attempt"]):
+            # A DAG's task instances are parts of its run, which counts once (as the API
+            # lists runs).
+            if (state in TERMINAL and execution.get("task_id") is None
+                    and not self.known_terminal(execution["exec_id"], execution["attempt"])):
                 counts.execution(execution["envelope"]["tenant"], str(state))
             put(self, execution)
 

@@ -276,6 +276,8 @@ def test_the_store_counts_each_end_of_an_execution_once() -> None:
         store().put_execution({**ex, "state": state, "attempt": attempt})
     other = {**ex, "exec_id": "another", "state": "missed", "attempt": 0}
     store().put_execution(other)
+    task = {**ex, "exec_id": "a-task", "state": "failed", "run_id": "run", "task_id": "b"}
+    store().put_execution(task)  # a DAG task instance: its run is what counts
     assert counts.executions == {(tenant, "succeeded"): 1, (tenant, "failed"): 1,
                                  (tenant, "missed"): 1}
 

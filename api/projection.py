@@ -160,7 +160,7 @@ class Batch:
 
 # Bump when request_of or spec_fingerprint changes what they return: views kept from before
 # are then rendered again at their job's next record instead of kept (see apply_job).
-VIEW_FORMAT = 2  # 2: request_of renders `dag` and `priority`
+VIEW_FORMAT = 3  # 2: request_of renders `dag` and `priority`; 3: `notify`
 
 
 def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:

@@ -1,4 +1,5 @@
-"""The query side: a projector folds kron.jobs and kron.executions into rocksdict views.
+"""The query side: a projector folds kron.jobs, kron.executions and kron.dead-letters into
+rocksdict views.
 
 Views (one rocksdict, prefixes keep them apart, values are JSON):
   j/<job_id>                         job status and definition
@@ -11,6 +12,8 @@ Views (one rocksdict, prefixes keep them apart, values are JSON):
   ct/<tenant>/<state>                task instances per state, apart, so a DAG run of many
                                      tasks counts once among the runs
   a/<tenant>                         the tenant's active and paused jobs (for its quota)
+  dl/<tenant>/..., dx/<id>           kron.dead-letters: the tenant's dead letters and alerts
+                                     (api/dead_letters.py)
   o/<topic>/<partition>              the next offset to read: the projector's own offsets
 
 Each record's view changes and its offset go into one write batch, so a restart resumes
@@ -35,6 +38,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from rocksdict import Options, Rdict, WriteBatch
 
+from api.dead_letters import apply_dead_letter
 from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from schemas import codec
@@ -387,7 +391,8 @@ class Projector:
         self.settings = settings
         self.views = views
         self.topics = {settings.topic("jobs"): apply_job,
-                       settings.topic("executions"): apply_execution}
+                       settings.topic("executions"): apply_execution,
+                       settings.topic("dead-letters"): apply_dead_letter}
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -24,6 +24,9 @@ from streams.engine.running_gate import RunningGate
 from streams.executor import Executor
 from streams.metrics import WorkerCounts
 from streams.metrics_server import WorkerCollector, WorkerProbe
+from streams.notify.backoff import Backoff
+from streams.notify.consumer import AlertFeed
+from streams.notify.notifier import Notifier
 from streams.partition_driver import (
     IGNORED,
     REPORTS,
@@ -99,6 +102,8 @@ class Engine:
     ticker: Ticker
     # /metrics (streams/metrics_server.py), served by run_worker; None with metrics off.
     metrics: WorkerCollector | None = None
+    # Failure alerts to webhooks (streams/notify/); None with KRON_NOTIFY_ENABLED=false.
+    alerts: AlertFeed | None = None
 
     # Unit tests call these unbound, with a stand-in for the lifecycle.
     _build_app = WorkerLifecycle._build_app
@@ -156,7 +161,26 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
                      barrier=barrier, collector=collector,
                      caches=(driver.job_cache, driver.execution_cache))
     return Engine(lifecycle=lifecycle, driver=driver, executor=executor, results=results,
-                  ticker=ticker, metrics=_count_metrics(lifecycle, driver, executor))
+                  ticker=ticker, metrics=_count_metrics(lifecycle, driver, executor),
+                  alerts=_alert_feed(lifecycle))
+
+
+def _alert_feed(lifecycle: WorkerLifecycle) -> AlertFeed | None:
+    """The notifier: its own consumer of kron.dead-letters, queue, runners and HTTP client
+    (the targets' SSRF guard, not their connections), off the executions' path."""
+    settings = lifecycle.settings
+    if not settings.notify_enabled:
+        return None
+    notifier = Notifier(
+        sender=HttpRunner(allow_private=settings.allow_private_targets,
+                          max_connections=settings.notify_concurrency,
+                          max_per_host=settings.notify_concurrency),
+        keys=settings.notify_key_map, tenants=settings.tenants, clock=lifecycle.clock,
+        backoff=Backoff(attempts=settings.notify_attempts, base_s=settings.notify_backoff_s),
+        queue_size=settings.notify_queue, concurrency=settings.notify_concurrency)
+    feed = AlertFeed(settings, notifier, lifecycle.clock)
+    lifecycle.app.task(feed.started)
+    return feed
 
 
 def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,

@@ -295,12 +295,15 @@ class CommandTargetIn(_Model):
 TargetIn = Annotated[HttpTargetIn | KafkaTargetIn | CommandTargetIn, Field(discriminator="type")]
 
 
+_FAILED_ONLY: list[NotifyEventIn] = ["failed"]
+
+
 class NotifyIn(_Model):
     """A job's failure alerts: the webhook kron POSTs a signed event to (checked as an HTTP
     target's URL is: the SSRF guard), and the outcomes that send one."""
 
     webhook: str = Field(max_length=URL_MAX)
-    on: list[NotifyEventIn] = Field(default_factory=lambda: ["failed"], max_length=8)
+    on: list[NotifyEventIn] = Field(default_factory=lambda: list(_FAILED_ONLY), max_length=8)
 
 
 class NotifyPatch(_Model):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from api import models
@@ -24,7 +24,7 @@ from api.problems import Problem
 from api.publisher import BrokerUnavailable
 from api.routes.base import ERRORS, Json, KronRoute, ThisCall
 from api.routes.jobs import _publish, _reserve, _rules
-from api.routes.service import Service, new_id, not_acknowledged
+from api.routes.service import Call, Service, new_id, not_acknowledged
 from kron.timefmt import iso
 from schemas.envelope import make_envelope
 
@@ -85,8 +85,16 @@ async def list_dead_letters(call: ThisCall, limit: int = 50,
     return Json({"dead_letters": items, "next_cursor": next_cursor})
 
 
-@router.post("/dead-letters/{dl_id}:redrive", status_code=202, response_model=Redriven,
-             responses=ERRORS)
+class RedriveRoute(KronRoute):
+    """Another tenant's (or no) dead letter is a 404 before the body is read, as a job
+    route answers for another tenant's job."""
+
+    def caller(self, svc: Service, request: Request) -> Call:
+        call = super().caller(svc, request)
+        _own(svc, call.tenant, request.path_params["dl_id"])
+        return call
+
+
 async def redrive(dl_id: str, req: JobRequest, call: ThisCall) -> Json:
     """Send the mended command in the dead letter's place (its kind, its job id)."""
     svc, tenant = call.svc, call.tenant
@@ -107,6 +115,11 @@ async def redrive(dl_id: str, req: JobRequest, call: ThisCall) -> Json:
         _IN_FLIGHT.discard(dl_id)
     return Json({"dead_letter_id": dl_id, "command": command["name"],
                  "command_id": command_id, "job_id": command["job_id"]}, status_code=202)
+
+
+router.add_api_route("/dead-letters/{dl_id}:redrive", redrive, methods=["POST"],
+                     status_code=202, response_model=Redriven, responses=ERRORS,
+                     route_class_override=RedriveRoute)
 
 
 def _own(svc: Service, tenant: str, dl_id: str) -> dict[str, Any]:

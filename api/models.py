@@ -753,8 +753,9 @@ def _check_url(url: str, allow_private: bool, base: str = "target",
         raise InvalidField(field, f"{field} {url!r} has no host")
     if parts.username is not None or parts.password is not None:
         # Parsers disagree on '@' (a classic SSRF trick) and the URL is stored and shown.
-        raise InvalidField(field, f"{field} must not hold credentials; send them in "
-                                  f"{base}.headers (e.g. Authorization)")
+        where = (f"send them in {base}.headers (e.g. Authorization)" if field.endswith(".url")
+                 else "the X-Kron-Signature header authenticates kron to it")
+        raise InvalidField(field, f"{field} must not hold credentials; {where}")
     try:
         check_url(url, allow_private=allow_private, resolve=False)
     except PermanentError as exc:

@@ -160,9 +160,10 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
     lifecycle.attach(agent=driver.agent, executor=executor, results=results, ticker=ticker,
                      barrier=barrier, collector=collector,
                      caches=(driver.job_cache, driver.execution_cache))
+    alerts = _alert_feed(lifecycle)
     return Engine(lifecycle=lifecycle, driver=driver, executor=executor, results=results,
-                  ticker=ticker, metrics=_count_metrics(lifecycle, driver, executor),
-                  alerts=_alert_feed(lifecycle))
+                  ticker=ticker, alerts=alerts, metrics=_count_metrics(
+                      lifecycle, driver, executor, None if alerts is None else alerts.notifier))
 
 
 def _alert_feed(lifecycle: WorkerLifecycle) -> AlertFeed | None:
@@ -184,7 +185,8 @@ def _alert_feed(lifecycle: WorkerLifecycle) -> AlertFeed | None:
 
 
 def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,
-                   executor: Executor) -> WorkerCollector | None:
+                   executor: Executor, notifier: Notifier | None = None
+                   ) -> WorkerCollector | None:
     """Counts where they happen (calls, executions' ends, dead letters, changelog acks),
     gauges read at each scrape (streams/metrics.py)."""
     settings = lifecycle.settings
@@ -197,7 +199,8 @@ def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,
     collector = WorkerCollector(WorkerProbe(
         counts=counts, executor=executor, worker=lifecycle,
         topics=(settings.topic("commands"), settings.topic("signals")),
-        monotonic=lifecycle.clock.monotonic, max_hosts=settings.metrics_max_hosts))
+        monotonic=lifecycle.clock.monotonic, max_hosts=settings.metrics_max_hosts,
+        alerts=notifier))
     lifecycle.app.task(collector.started)
     return collector
 

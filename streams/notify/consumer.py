@@ -34,7 +34,7 @@ POLL_S: Final = 0.2
 class AlertFeed:
     def __init__(self, settings: Settings, notifier: Notifier, clock: Clock) -> None:
         self._settings = settings
-        self._notifier = notifier
+        self.notifier = notifier
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -44,7 +44,7 @@ class AlertFeed:
     async def started(self) -> None:
         """A Faust task at the app's start: the runners, then the consuming thread."""
         self._loop = asyncio.get_running_loop()
-        self._notifier.start()
+        self.notifier.start()
         self._thread = threading.Thread(target=self._run, name="kron-notify-feed",
                                         daemon=True)
         self._thread.start()
@@ -84,7 +84,7 @@ class AlertFeed:
             return
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._notifier.offer, alert)
+            loop.call_soon_threadsafe(self.notifier.offer, alert)
 
 
 def alert_of(value: bytes | None) -> Alert | None:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Protocol
 
 from kron.clock import Clock
@@ -81,6 +81,10 @@ class Notifier:
     @property
     def depth(self) -> int:
         return self._queue.qsize()
+
+    def outcomes(self) -> dict[str, int]:
+        """The counts by outcome, for /metrics (kron_alerts_total)."""
+        return asdict(self.counts)
 
     def offer(self, alert: Alert) -> bool:
         """Queue the alert's delivery if its notify covers it; never waits. False if it is

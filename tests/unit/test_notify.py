@@ -21,6 +21,7 @@ from streams.domain.notify import Notify, NotifyEvent, parse_notify
 from streams.domain.retry import ErrorClass
 from streams.domain.tenants import TenantTable
 from streams.engine.core import Emit
+from streams.metrics_server import Snapshot, families
 from streams.notify.backoff import Backoff
 from streams.notify.consumer import alert_of
 from streams.notify.event import event_body, notify_for
@@ -285,3 +286,14 @@ def test_a_full_queue_drops_without_waiting_and_counts_it(
         assert n.counts.sent == 4
 
     asyncio.run(scenario())
+
+
+def test_the_notifiers_counts_are_metrics() -> None:
+    n = notifier(Sender(OK), queue_size=1)
+    n.offer(alert(notify=OWN))
+    n.offer(alert(notify=OWN))  # dropped: the queue holds one
+    snap = Snapshot(alerts=n.outcomes(), alert_queue=n.depth)
+    found = {m.name: {tuple(s.labels.values()): s.value for s in m.samples}
+             for m in families(snap)}
+    assert found["kron_alerts"][("dropped",)] == 1 and found["kron_alerts"][("sent",)] == 0
+    assert found["kron_alert_queue_depth"][()] == 1

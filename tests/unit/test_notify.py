@@ -12,15 +12,19 @@ import re
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from kron.clock import ManualClock
+from kron.settings import Settings
 from schemas import codec
 from streams.alerts import Alert, read_alert
+from streams.domain.commands import CommandRegistry
 from streams.domain.errors import PermanentError
 from streams.domain.notify import Notify, NotifyEvent, parse_notify
 from streams.domain.retry import ErrorClass
 from streams.domain.tenants import TenantTable
-from streams.engine.core import Emit
+from streams.engine.core import Emit, PartitionCore
+from streams.guard import TargetGuard
 from streams.metrics_server import Snapshot, families
 from streams.notify.backoff import Backoff
 from streams.notify.consumer import alert_of
@@ -297,3 +301,34 @@ def test_the_notifiers_counts_are_metrics() -> None:
              for m in families(snap)}
     assert found["kron_alerts"][("dropped",)] == 1 and found["kron_alerts"][("sent",)] == 0
     assert found["kron_alert_queue_depth"][()] == 1
+
+
+def test_the_partition_owner_refuses_a_notify_the_guard_or_the_spec_refuses() -> None:
+    """A direct producer's command is judged as the API judges it: dead-lettered (the
+    PermanentError), nothing written or armed."""
+    guard = TargetGuard(commands=CommandRegistry.parse(""), topics=None, allow_private=False)
+    p = Partition(T0)
+    p.core = PartitionCore(p.store, check_target=guard.check)
+    for notify, words in (({"webhook": "http://169.254.169.254/latest", "on": ["failed"]},
+                           "private"),
+                          ({"webhook": "ftp://hooks.example/", "on": ["failed"]}, "http(s)"),
+                          ({"webhook": "https://hooks.example/", "on": ["late"]}, "one of")):
+        with pytest.raises(PermanentError) as info:
+            p.create("j", cron="* * * * *", notify=notify)
+        assert info.value.field in ("notify.webhook", "notify.on[0]") and words in str(
+            info.value), info.value
+    assert p.store.jobs == {} and p.store.timers == {}
+    p.create("j", cron="* * * * *", notify={"webhook": "https://hooks.example/",
+                                            "on": ["missed"]})
+    assert p.job("j")["spec"]["notify"]["on"] == ["missed"]
+
+
+def test_notify_keys_are_read_per_tenant_and_never_shown() -> None:
+    settings = Settings(notify_keys="acme=top-secret, globex = other-secret")
+    assert settings.notify_key_map == {"acme": b"top-secret", "globex": b"other-secret"}
+    assert "secret" not in repr(settings) and "secret" not in settings.model_dump_json()
+    for bad, words in (("acme=a,acme=b", "two keys for tenant 'acme'"),
+                       ("acme", "tenant=key entries"), ("=x", "tenant=key entries")):
+        with pytest.raises(ValidationError) as info:
+            Settings(notify_keys=bad)
+        assert words in str(info.value) and "=b" not in str(info.value)

@@ -75,7 +75,8 @@ def view_of(rec: dict[str, Any]) -> dict[str, Any] | None:
     if alert is not None:
         view.update(tenant=alert.tenant, kind="alert", command=None, alert={
             "event": str(alert.event), "job_id": alert.job_id, "job_name": alert.job_name,
-            "run_id": alert.run_id, "attempt": alert.attempt, "state": alert.state,
+            "run_id": alert.run_id, "task_id": alert.task_id, "attempt": alert.attempt,
+            "state": alert.state,
             "error": alert.error, "output": alert.output,
             "scheduled_for_ms": alert.scheduled_for_ms})
         return view

@@ -32,7 +32,8 @@ class Alert:
     tenant: str
     job_id: str
     job_name: str
-    run_id: str
+    run_id: str  # the run: a DAG task instance's is its DAG run's
+    task_id: str | None  # a DAG task instance's task; None for any other execution
     attempt: int
     error: str | None
     output: str | None
@@ -43,14 +44,17 @@ class Alert:
 
 
 def alert_value(job: Any, ex: Any) -> bytes:
-    """The document for an alert about execution `ex` of job `job` (their records)."""
+    """The document for an alert about execution `ex` of job `job` (a JobRecord and an
+    ExecutionRecord; typed loosely because an attempt's `output` arrives with issue 40
+    part 3 and is read only if there)."""
     attempts = ex.get("attempts") or []
     # Attempts keep their output only once they record one (issue 40 part 3): else none.
     output = attempts[-1].get("output") if attempts else None
     if isinstance(output, bytes):
         output = output.decode("utf-8", "replace")
     return orjson.dumps({
-        "v": ALERT_FORMAT, "job_name": job["spec"]["name"], "run_id": ex["exec_id"],
+        "v": ALERT_FORMAT, "job_name": job["spec"]["name"],
+        "run_id": ex.get("run_id") or ex["exec_id"], "task_id": ex.get("task_id"),
         "attempt": ex["attempt"], "error": ex.get("last_error") or ex.get("reason"),
         "output": output[:OUTPUT_MAX] if isinstance(output, str) else None,
         "state": str(ex["state"]), "scheduled_for_ms": ex["scheduled_for_ms"],
@@ -71,7 +75,8 @@ def read_alert(record: dict[str, Any]) -> Alert | None:
         return Alert(
             event=event, alert_id=env["event_id"], tenant=env["tenant"],
             job_id=env["correlation_id"] or "", job_name=str(doc["job_name"]),
-            run_id=str(doc["run_id"]), attempt=int(doc["attempt"]), error=doc.get("error"),
+            run_id=str(doc["run_id"]), task_id=doc.get("task_id"),
+            attempt=int(doc["attempt"]), error=doc.get("error"),
             output=doc.get("output"), state=str(doc["state"]),
             scheduled_for_ms=int(doc["scheduled_for_ms"]),
             occurred_at_ms=int(env["occurred_at_ms"]), notify=_notify(doc.get("notify")))

@@ -22,6 +22,7 @@ def event_body(alert: Alert) -> bytes:
     return orjson.dumps({
         "id": alert.alert_id, "type": f"execution.{alert.event}", "tenant": alert.tenant,
         "job_id": alert.job_id, "job_name": alert.job_name, "run_id": alert.run_id,
+        "task_id": alert.task_id,
         "attempt": alert.attempt, "state": alert.state, "error": alert.error,
         "output": alert.output, "scheduled_for": iso(alert.scheduled_for_ms),
         "occurred_at": iso(alert.occurred_at_ms),

@@ -127,7 +127,8 @@ def test_a_tenant_lists_its_own_dead_letters_newest_first_in_pages(
     assert [d["kind"] for d in acme] == ["alert", "command"]
     alert, command = acme
     assert alert["alert"] == {"event": "failed", "job_id": "j1", "job_name": "nightly",
-                              "run_id": "r-j1", "attempt": 3, "state": "failed",
+                              "run_id": "r-j1", "task_id": None, "attempt": 3,
+                              "state": "failed",
                               "error": "HTTP 500", "output": "oops",
                               "scheduled_for": "2026-05-28T20:26:40.001Z"}
     assert command["command"]["name"] == "CreateJob" and command["command"]["job_id"] == "j-bad"

@@ -11,6 +11,7 @@ import logging
 import re
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
@@ -20,6 +21,7 @@ from schemas import codec
 from streams.alerts import Alert, read_alert
 from streams.domain.commands import CommandRegistry
 from streams.domain.errors import PermanentError
+from streams.domain.ids import exec_id
 from streams.domain.notify import Notify, NotifyEvent, parse_notify
 from streams.domain.retry import ErrorClass
 from streams.domain.tenants import TenantTable
@@ -32,6 +34,7 @@ from streams.notify.event import event_body, notify_for
 from streams.notify.notifier import Notifier
 from streams.notify.signing import HEADER, sign, signature, verify
 from streams.targets import AttemptInfo, Outcome
+from tests.support.stack import spec
 from tests.unit.test_core_scenarios import MIN, SEC, T0, Partition, dispatches
 
 KEY = b"acme-secret"
@@ -89,8 +92,9 @@ def test_the_default_backoff_is_six_tries_over_about_five_minutes() -> None:
 def alert(event: NotifyEvent = NotifyEvent.FAILED, tenant: str = "acme",
           notify: Notify | None = None) -> Alert:
     return Alert(event=event, alert_id="a1", tenant=tenant, job_id="j", job_name="nightly",
-                 run_id="r1", attempt=2, error="HTTP 500", output=None, state=str(event),
-                 scheduled_for_ms=T0, occurred_at_ms=T0 + SEC, notify=notify)
+                 run_id="r1", task_id=None, attempt=2, error="HTTP 500", output=None,
+                 state=str(event), scheduled_for_ms=T0, occurred_at_ms=T0 + SEC,
+                 notify=notify)
 
 
 TENANTS = TenantTable.from_toml(
@@ -332,3 +336,19 @@ def test_notify_keys_are_read_per_tenant_and_never_shown() -> None:
         with pytest.raises(ValidationError) as info:
             Settings(notify_keys=bad)
         assert words in str(info.value) and "=b" not in str(info.value)
+
+
+def test_a_dag_tasks_alert_names_its_run_and_task() -> None:
+    p = Partition(T0 + 30 * SEC)
+    s = spec(target={"url": "http://unused.invalid"}, cron="* * * * *",
+             retry={"max_attempts": 1}, notify=NOTIFY)
+    s["target"] = ("kron.DagTarget", {"tasks": [
+        {"id": "ingest", "target": ("kron.HttpTarget", {
+            "method": "POST", "url": "http://t.invalid/", "headers": {}, "body": None,
+            "timeout_s": 5.0}), "depends_on": [], "trigger_rule": "all_success",
+         "retry": None, "timeout_s": None}]})
+    p.command("CreateJob", "d", spec=s, idempotency_key=None)
+    [d] = dispatches(p.tick(T0 + MIN))
+    [a] = alerts_in(p.report(d, "permanent", status_code=400))
+    assert (a.run_id, a.task_id) == (exec_id("d", T0 + MIN), "ingest")
+    assert orjson.loads(event_body(a))["task_id"] == "ingest"

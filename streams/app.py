@@ -181,6 +181,7 @@ def _alert_feed(lifecycle: WorkerLifecycle) -> AlertFeed | None:
         queue_size=settings.notify_queue, concurrency=settings.notify_concurrency)
     feed = AlertFeed(settings, notifier, lifecycle.clock)
     lifecycle.app.task(feed.started)
+    lifecycle.app.on_before_shutdown.connect(feed.shutdown)
     return feed
 
 

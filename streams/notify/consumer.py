@@ -49,8 +49,14 @@ class AlertFeed:
                                         daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    async def shutdown(self, app: Any = None, /, *args: Any, **kw: Any) -> None:
+        """At the worker's graceful stop (Faust's on_before_shutdown): the consumer leaves
+        its group at once (its partitions go to the other workers without a session's
+        wait), then the runners stop; deliveries not made are not sent."""
         self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+        await self.notifier.stop()
 
     def _consumer(self) -> Consumer:
         s = self._settings

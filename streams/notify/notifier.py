@@ -120,6 +120,9 @@ class Notifier:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        close = getattr(self._sender, "close", None)
+        if close is not None:  # the HttpRunner's connections
+            await close()
 
     async def _runner(self) -> None:
         while True:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from schemas import codec
 from schemas.errors import DecodeError
 from schemas.jsonable import jsonable
-from streams.alerts import read_alert
+from streams.alerts import ERROR_CLASSES, read_alert
 
 if TYPE_CHECKING:
     from api.projection import Batch
@@ -71,23 +71,34 @@ def view_of(rec: dict[str, Any]) -> dict[str, Any] | None:
     view: dict[str, Any] = {
         "id": dead_letter_id(env["event_id"]), "error_class": rec["error_class"],
         "error": rec["error"], "occurred_at_ms": env["occurred_at_ms"], "redriven": None}
-    alert = read_alert(rec)
-    if alert is not None:
-        view.update(tenant=alert.tenant, kind="alert", command=None, alert={
-            "event": str(alert.event), "job_id": alert.job_id, "job_name": alert.job_name,
-            "run_id": alert.run_id, "task_id": alert.task_id, "attempt": alert.attempt,
-            "state": alert.state,
-            "error": alert.error, "output": alert.output,
-            "scheduled_for_ms": alert.scheduled_for_ms})
-        return view
+    if rec["error_class"] in ERROR_CLASSES:
+        view.update(tenant=env["tenant"], kind="alert", command=None, alert=_alert_of(rec))
+        return view if env["tenant"] else None
     command = _command_of(rec.get("value"))
     if command is None:
         return None
     name, body = command
-    view.update(tenant=body["envelope"]["tenant"], kind="command", alert=None,
-                command={"name": name, "job_id": body.get("job_id"),
-                         "body": jsonable({k: v for k, v in body.items() if k != "envelope"})})
+    view.update(tenant=body["envelope"]["tenant"], kind="command",
+                alert=None, command={
+                    "name": name, "job_id": body.get("job_id"),
+                    "body": jsonable({k: v for k, v in body.items() if k != "envelope"})})
     return view
+
+
+def _alert_of(rec: dict[str, Any]) -> dict[str, Any]:
+    """An alert's facts; one written before alerts carried them has its job, run and
+    error only."""
+    alert = read_alert(rec)
+    if alert is None:
+        return {"event": str(ERROR_CLASSES[rec["error_class"]]),
+                "job_id": rec["envelope"]["correlation_id"], "job_name": None,
+                "run_id": (rec.get("key") or b"").decode("utf-8", "replace"), "task_id": None,
+                "attempt": None, "state": None, "error": rec["error"], "output": None,
+                "scheduled_for_ms": None}
+    return {"event": str(alert.event), "job_id": alert.job_id, "job_name": alert.job_name,
+            "run_id": alert.run_id, "task_id": alert.task_id, "attempt": alert.attempt,
+            "state": alert.state, "error": alert.error, "output": alert.output,
+            "scheduled_for_ms": alert.scheduled_for_ms}
 
 
 def _command_of(value: bytes | None) -> tuple[str, dict[str, Any]] | None:

@@ -178,7 +178,8 @@ def _rendered(view: dict[str, Any]) -> dict[str, Any]:
     out["occurred_at"] = iso(view["occurred_at_ms"])
     if view.get("alert") is not None:
         alert = {k: v for k, v in view["alert"].items() if k != "scheduled_for_ms"}
-        alert["scheduled_for"] = iso(view["alert"]["scheduled_for_ms"])
+        at = view["alert"]["scheduled_for_ms"]
+        alert["scheduled_for"] = None if at is None else iso(at)
         out["alert"] = alert
     if view.get("redriven") is not None:
         out["redriven"] = {"command_id": view["redriven"]["command_id"],

@@ -206,3 +206,16 @@ def test_the_view_is_rebuilt_the_same_from_the_topic(
         projected.apply(topic, 0, offset, value)
     after = {k: v for k, v in views.dump().items() if k.startswith((b"dl/", b"dx/"))}
     assert after == before and json.loads(next(iter(after.values())))
+
+
+def test_an_alert_written_before_alerts_carried_their_facts_is_listed_too(
+        client: TestClient, projected: Projector) -> None:  # noqa: F811
+    old = dead_letter("alert-old", "acme", T0 + 5, key=b"exec-old", value=None,
+                      error="execution failed after 2 attempt(s): HTTP 500",
+                      error_class="execution_failed",
+                      envelope={**ENV, "event_id": "alert-old", "occurred_at_ms": T0 + 5,
+                                "tenant": "acme", "correlation_id": "j-old"})
+    projected.apply(projected.settings.topic("dead-letters"), 0, 12, old)
+    [first, *_] = get(client)["dead_letters"]
+    assert first["alert"]["job_id"] == "j-old" and first["alert"]["run_id"] == "exec-old"
+    assert first["alert"]["scheduled_for"] is None and "HTTP 500" in first["error"]

@@ -33,7 +33,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import orjson
@@ -157,6 +157,8 @@ HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 Concurrency = Literal["allow", "skip_if_running", "queue", "replace"]
 # streams.domain.policies.Priority's values (a test holds them together).
 PriorityIn = Literal["critical", "normal", "batch"]
+# streams.domain.notify.NotifyEvent's values.
+NotifyEventIn = Literal["failed", "missed"]
 MisfireKindIn = Literal["fire_once", "fire_all", "skip_if_late_by"]
 BackoffIn = Literal["exponential", "fixed"]
 _TARGET_RECORDS: dict[str, str] = {
@@ -291,6 +293,22 @@ class CommandTargetIn(_Model):
 
 
 TargetIn = Annotated[HttpTargetIn | KafkaTargetIn | CommandTargetIn, Field(discriminator="type")]
+
+
+_FAILED_ONLY: list[NotifyEventIn] = ["failed"]
+
+
+class NotifyIn(_Model):
+    """A job's failure alerts: the webhook kron POSTs a signed event to (checked as an HTTP
+    target's URL is: the SSRF guard), and the outcomes that send one."""
+
+    webhook: str = Field(max_length=URL_MAX)
+    on: list[NotifyEventIn] = Field(default_factory=lambda: list(_FAILED_ONLY), max_length=8)
+
+
+class NotifyPatch(_Model):
+    webhook: str | None = Field(default=None, max_length=URL_MAX)
+    on: list[NotifyEventIn] | None = Field(default=None, max_length=8)
 
 
 class RetryIn(_Model):
@@ -448,6 +466,8 @@ class JobRequest(_Model):
     end_at: str | None = None
     lease_s: float = 60.0
     metadata: dict[str, str] = Field(default_factory=dict)
+    notify: NotifyIn | None = Field(default=None, description=(
+        "failure alerts: {webhook, on: [failed, missed]}; null: the tenant's default"))
     idempotency_key: str | None = Field(default=None, min_length=1,
                                         max_length=IDEMPOTENCY_KEY_MAX)
 
@@ -534,6 +554,7 @@ class JobPatch(_Model):
     end_at: str | None = None
     lease_s: float | None = None
     metadata: dict[str, str | None] | None = None
+    notify: NotifyPatch | None = None
 
 
 # --- pydantic errors -> InvalidField ---------------------------------------------------------
@@ -543,6 +564,7 @@ _NESTED_FIELDS: dict[str, list[str]] = {
     "retry": [*RetryIn.model_fields, "max"],
     "misfire": list(MisfireIn.model_fields),
     "dst": list(DstIn.model_fields),
+    "notify": list(NotifyIn.model_fields),
     "target": list(TargetPatch.model_fields),
     "dag": list(DagIn.model_fields),
     "dag.tasks": list(DagTaskIn.model_fields),
@@ -713,8 +735,9 @@ def _check_host(host: str, field: str) -> None:
         raise InvalidField(field, f"{field} host {host!r} is a single-label (internal) name")
 
 
-def _check_url(url: str, allow_private: bool, base: str = "target") -> None:
-    field = f"{base}.url"
+def _check_url(url: str, allow_private: bool, base: str = "target",
+               field: str | None = None) -> None:
+    field = field or f"{base}.url"
     if any(c.isspace() or not c.isprintable() or c == "\\" for c in url):
         raise InvalidField(field, f"{field} must not contain whitespace, control characters "
                                   f"or backslashes")
@@ -730,8 +753,9 @@ def _check_url(url: str, allow_private: bool, base: str = "target") -> None:
         raise InvalidField(field, f"{field} {url!r} has no host")
     if parts.username is not None or parts.password is not None:
         # Parsers disagree on '@' (a classic SSRF trick) and the URL is stored and shown.
-        raise InvalidField(field, f"{field} must not hold credentials; send them in "
-                                  f"{base}.headers (e.g. Authorization)")
+        where = (f"send them in {base}.headers (e.g. Authorization)" if field.endswith(".url")
+                 else "the X-Kron-Signature header authenticates kron to it")
+        raise InvalidField(field, f"{field} must not hold credentials; {where}")
     try:
         check_url(url, allow_private=allow_private, resolve=False)
     except PermanentError as exc:
@@ -1104,6 +1128,7 @@ def _spec_of(req: JobRequest, ctx: BuildContext) -> dict[str, Any]:
         "lease_s": float(req.lease_s),
         "metadata": metadata,
         "priority": req.priority,
+        "notify": _notify_of(req.notify, ctx),
     }
     try:
         plan = plan_of(spec)
@@ -1115,6 +1140,16 @@ def _spec_of(req: JobRequest, ctx: BuildContext) -> dict[str, Any]:
     if ctx.times:
         _check_window(plan, now_ms=ctx.now_ms, run_at_path=run_at_path)
     return spec
+
+
+def _notify_of(notify: NotifyIn | None, ctx: BuildContext) -> dict[str, Any] | None:
+    """The Avro kron.Notify: its webhook judged as an HTTP target's URL (SSRF guard), its
+    events once each, in the enum's order."""
+    if notify is None:
+        return None
+    _check_url(notify.webhook, ctx.allow_private, "notify", field="notify.webhook")
+    return {"webhook": notify.webhook,
+            "on": [e for e in get_args(NotifyEventIn) if e in notify.on]}
 
 
 def _in_context(req: JobRequest, info: ValidationInfo) -> dict[str, Any]:
@@ -1203,6 +1238,8 @@ def request_of(spec: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = iso(spec[f"{key}_ms"])
     out["lease_s"] = spec.get("lease_s", 60.0)
     out["metadata"] = dict(spec.get("metadata") or {})
+    if spec.get("notify") is not None:  # absent before v5, and null by default
+        out["notify"] = {"webhook": spec["notify"]["webhook"], "on": list(spec["notify"]["on"])}
     return out
 
 
@@ -1414,6 +1451,8 @@ def spec_fingerprint(spec: Mapping[str, Any]) -> str:
     """
     if spec.get("priority", "normal") == "normal":
         spec = {k: v for k, v in spec.items() if k != "priority"}
+    if spec.get("notify") is None:  # likewise across v5
+        spec = {k: v for k, v in spec.items() if k != "notify"}
     text = json.dumps(_canonical(spec), sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(b"kron.JobSpec/v1\n" + text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,4 +1,5 @@
-"""The query side: a projector folds kron.jobs and kron.executions into rocksdict views.
+"""The query side: a projector folds kron.jobs, kron.executions and kron.dead-letters into
+rocksdict views.
 
 Views (one rocksdict, prefixes keep them apart, values are JSON):
   j/<job_id>                         job status and definition
@@ -16,6 +17,8 @@ Views (one rocksdict, prefixes keep them apart, values are JSON):
   xs/<tenant>/<state>/<inv ms>/<id>  the same, per state: a run moves when its state does
   m/runs-index                       x/ and xs/ were filled from e/ for a store kept from
                                      before they existed (Views._index_runs)
+  dl/<tenant>/..., dx/<id>           kron.dead-letters: the tenant's dead letters and alerts
+                                     (api/dead_letters.py)
   o/<topic>/<partition>              the next offset to read: the projector's own offsets
 
 Each record's view changes and its offset go into one write batch, so a restart resumes
@@ -40,6 +43,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from rocksdict import Options, Rdict, WriteBatch
 
+from api.dead_letters import apply_dead_letter
 from kron.kafka_security import confluent_config
 from kron.settings import Settings
 from schemas import codec
@@ -194,7 +198,7 @@ RUNS_INDEXED = b"m/runs-index"
 
 # Bump when request_of or spec_fingerprint changes what they return: views kept from before
 # are then rendered again at their job's next record instead of kept (see apply_job).
-VIEW_FORMAT = 2  # 2: request_of renders `dag` and `priority`
+VIEW_FORMAT = 3  # 2: request_of renders `dag` and `priority`; 3: `notify`
 
 
 def apply_job(batch: Batch, rec: dict[str, Any], raw: bytes) -> None:
@@ -459,7 +463,8 @@ class Projector:
         self.settings = settings
         self.views = views
         self.topics = {settings.topic("jobs"): apply_job,
-                       settings.topic("executions"): apply_execution}
+                       settings.topic("executions"): apply_execution,
+                       settings.topic("dead-letters"): apply_dead_letter}
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -58,7 +58,10 @@ class CommandPublisher:
             raise BrokerUnavailable(str(result[0]) if result else "no ack from Kafka")
         return result[0]  # type: ignore[no-any-return]
 
-    async def publish(self, name: str, record: dict[str, Any], *, key: str) -> tuple[int, int]:
+    async def publish(self, name: str, record: dict[str, Any], *, key: str,
+                      topic: str | None = None) -> tuple[int, int]:
+        """Acknowledged by Kafka (acks=all): on kron.commands, or `topic` (a redrive's mark
+        goes to kron.dead-letters)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[int, int]] = loop.create_future()
 
@@ -68,12 +71,13 @@ class CommandPublisher:
             else:
                 loop.call_soon_threadsafe(_ok, fut, (msg.partition(), msg.offset()))
 
-        self._produce(name, record, key, on_delivery)
+        self._produce(name, record, key, on_delivery, topic)
         return await fut
 
-    def _produce(self, name: str, record: dict[str, Any], key: str, cb: Any) -> None:
+    def _produce(self, name: str, record: dict[str, Any], key: str, cb: Any,
+                 topic: str | None = None) -> None:
         try:
-            self._producer.produce(self._topic, key=key.encode(),
+            self._producer.produce(topic or self._topic, key=key.encode(),
                                    value=codec.encode(name, record), on_delivery=cb)
         except BufferError as exc:
             raise BrokerUnavailable("the producer queue is full") from exc

@@ -44,7 +44,7 @@ def job_spec(*, target: tuple[str, dict[str, Any]], cron: str | None = None,
         "misfire": {"kind": "fire_once", "late_by_s": None, "fire_all_cap": 100},
         "dst": {"nonexistent": "shift_forward", "ambiguous": "first"},
         "jitter_s": jitter_s, "start_at_ms": start_at_ms, "end_at_ms": end_at_ms,
-        "lease_s": lease_s, "metadata": {}, "priority": "normal",
+        "lease_s": lease_s, "metadata": {}, "priority": "normal", "notify": None,
     }
 
 

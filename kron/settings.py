@@ -165,6 +165,18 @@ class Settings(BaseSettings):
     # `other`: a series per tenant or target host must not grow without bound.
     metrics_max_tenants: int = Field(default=100, ge=1, le=10_000)
     metrics_max_hosts: int = Field(default=50, ge=1, le=10_000)
+    # Failure alerts (streams/notify/): each tenant's HMAC key, "tenant=secret,..." (a tenant
+    # without one gets no alerts: they are never sent unsigned). Never shown or logged.
+    notify_keys: SecretStr = Field(default=SecretStr(""), repr=False)
+    notify_enabled: bool = True
+    # Tries per alert and the first wait; each wait doubles (6 and 10 s: ~5 minutes).
+    notify_attempts: int = Field(default=6, ge=1, le=20)
+    notify_backoff_s: float = Field(default=10.0, gt=0, le=3600)
+    # Deliveries waiting for a runner; past it, alerts are dropped (counted, logged).
+    notify_queue: int = Field(default=1000, ge=1, le=1_000_000)
+    notify_concurrency: int = Field(default=8, ge=1, le=256)
+    # Alerts older than this when read are not sent (a first start, a long outage).
+    notify_max_age_s: float = Field(default=3600.0, gt=0)
     worker_id: str = Field(default_factory=_default_worker_id)
     log_level: str = "INFO"
 
@@ -192,6 +204,16 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _check_notify_keys(self) -> Self:
+        self.notify_key_map  # noqa: B018 - a malformed KRON_NOTIFY_KEYS stops start-up
+        return self
+
+    @functools.cached_property
+    def notify_key_map(self) -> dict[str, bytes]:
+        """Each tenant's alert-signing key (KRON_NOTIFY_KEYS)."""
+        return parse_notify_keys(self.notify_keys.get_secret_value())
 
     @model_validator(mode="after")
     def _check_commands(self) -> Self:
@@ -270,6 +292,19 @@ def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
         named[entry.key] = entry.entry
         entries.append(entry)
     return tuple(entries)
+
+
+def parse_notify_keys(raw: str) -> dict[str, bytes]:
+    """`tenant=secret` entries, comma-separated. Errors name the tenant, never a key."""
+    keys: dict[str, bytes] = {}
+    for pair in filter(None, (p.strip() for p in raw.split(","))):
+        tenant, sep, key = (part.strip() for part in pair.partition("="))
+        if not sep or not tenant or not key:
+            raise ValueError("KRON_NOTIFY_KEYS must be comma-separated tenant=key entries")
+        if tenant in keys:
+            raise ValueError(f"KRON_NOTIFY_KEYS has two keys for tenant {tenant!r}")
+        keys[tenant] = key.encode()
+    return keys
 
 
 def format_api_keys(entries: tuple[ApiKey, ...]) -> str:

@@ -24,6 +24,9 @@ from streams.engine.running_gate import RunningGate
 from streams.executor import Executor
 from streams.metrics import WorkerCounts
 from streams.metrics_server import WorkerCollector, WorkerProbe
+from streams.notify.backoff import Backoff
+from streams.notify.consumer import AlertFeed
+from streams.notify.notifier import Notifier
 from streams.partition_driver import (
     IGNORED,
     REPORTS,
@@ -99,6 +102,8 @@ class Engine:
     ticker: Ticker
     # /metrics (streams/metrics_server.py), served by run_worker; None with metrics off.
     metrics: WorkerCollector | None = None
+    # Failure alerts to webhooks (streams/notify/); None with KRON_NOTIFY_ENABLED=false.
+    alerts: AlertFeed | None = None
 
     # Unit tests call these unbound, with a stand-in for the lifecycle.
     _build_app = WorkerLifecycle._build_app
@@ -155,12 +160,34 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
     lifecycle.attach(agent=driver.agent, executor=executor, results=results, ticker=ticker,
                      barrier=barrier, collector=collector,
                      caches=(driver.job_cache, driver.execution_cache))
+    alerts = _alert_feed(lifecycle)
     return Engine(lifecycle=lifecycle, driver=driver, executor=executor, results=results,
-                  ticker=ticker, metrics=_count_metrics(lifecycle, driver, executor))
+                  ticker=ticker, alerts=alerts, metrics=_count_metrics(
+                      lifecycle, driver, executor, None if alerts is None else alerts.notifier))
+
+
+def _alert_feed(lifecycle: WorkerLifecycle) -> AlertFeed | None:
+    """The notifier: its own consumer of kron.dead-letters, queue, runners and HTTP client
+    (the targets' SSRF guard, not their connections), off the executions' path."""
+    settings = lifecycle.settings
+    if not settings.notify_enabled:
+        return None
+    notifier = Notifier(
+        sender=HttpRunner(allow_private=settings.allow_private_targets,
+                          max_connections=settings.notify_concurrency,
+                          max_per_host=settings.notify_concurrency),
+        keys=settings.notify_key_map, tenants=settings.tenants, clock=lifecycle.clock,
+        backoff=Backoff(attempts=settings.notify_attempts, base_s=settings.notify_backoff_s),
+        queue_size=settings.notify_queue, concurrency=settings.notify_concurrency)
+    feed = AlertFeed(settings, notifier, lifecycle.clock)
+    lifecycle.app.task(feed.started)
+    lifecycle.app.on_before_shutdown.connect(feed.shutdown)
+    return feed
 
 
 def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,
-                   executor: Executor) -> WorkerCollector | None:
+                   executor: Executor, notifier: Notifier | None = None
+                   ) -> WorkerCollector | None:
     """Counts where they happen (calls, executions' ends, dead letters, changelog acks),
     gauges read at each scrape (streams/metrics.py)."""
     settings = lifecycle.settings
@@ -173,7 +200,8 @@ def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,
     collector = WorkerCollector(WorkerProbe(
         counts=counts, executor=executor, worker=lifecycle,
         topics=(settings.topic("commands"), settings.topic("signals")),
-        monotonic=lifecycle.clock.monotonic, max_hosts=settings.metrics_max_hosts))
+        monotonic=lifecycle.clock.monotonic, max_hosts=settings.metrics_max_hosts,
+        alerts=notifier))
     lifecycle.app.task(collector.started)
     return collector
 

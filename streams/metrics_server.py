@@ -56,6 +56,9 @@ class Snapshot:
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     circuits: dict[str, int] = field(default_factory=dict)
     timers: dict[tuple[int, str], int] = field(default_factory=dict)
+    # The notifier's (streams/notify/): alerts by outcome, and deliveries queued.
+    alerts: dict[str, int] = field(default_factory=dict)
+    alert_queue: int = 0
 
 
 class ExecutorView(Protocol):
@@ -87,13 +90,23 @@ class WorkerView(Protocol):
     def may_apply_here(self, partition: int) -> bool: ...
 
 
+class AlertsView(Protocol):
+    """The notifier as the probe reads it (streams.notify.notifier.Notifier)."""
+
+    @property
+    def depth(self) -> int: ...
+
+    def outcomes(self) -> dict[str, int]: ...
+
+
 class WorkerProbe:
     """Takes snapshots on the event loop: the counts copied, the gauges read."""
 
     def __init__(self, *, counts: WorkerCounts, executor: ExecutorView, worker: WorkerView,
                  topics: Iterable[str], monotonic: Callable[[], float],
-                 max_hosts: int = 50) -> None:
+                 max_hosts: int = 50, alerts: AlertsView | None = None) -> None:
         self._counts = counts
+        self._alerts = alerts
         self._executor = executor
         self._worker = worker
         self._topics = frozenset(topics)
@@ -119,6 +132,8 @@ class WorkerProbe:
             partitions_owned=len(self._worker.owned_partitions()), lag=self._lag(),
             circuits=circuits)
         snap.timers = await self._pending_timers()
+        if self._alerts is not None:
+            snap.alerts, snap.alert_queue = self._alerts.outcomes(), self._alerts.depth
         return snap
 
     def _lag(self) -> dict[tuple[str, int], int]:
@@ -220,6 +235,11 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield _gauge("kron_timers_pending", "Timers in the owned partitions, by kind (counted at "
                  f"most every {TIMERS_EVERY_S:.0f} s).", ["partition", "kind"],
                  (((str(p), k), v) for (p, k), v in s.timers.items()))
+    yield _counter("kron_alerts", "Failure alerts by outcome: sent, retried (a try failed, "
+                   "another follows), failed (given up), dropped (the queue was full), "
+                   "unsigned (no key for the tenant).", ["outcome"], _one(s.alerts))
+    yield _gauge("kron_alert_queue_depth", "Alert deliveries waiting for a runner.", [],
+                 [((), s.alert_queue)])
 
 
 def _one(values: dict[str, int]) -> Iterator[tuple[tuple[str, ...], int]]:

@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from api.routes import responses
 from api.routes.base import ERRORS, Json, KronRoute, ThisCall
 from api.routes.render import STATES
+from streams.domain.tenants import RULES
 
 router = APIRouter(route_class=KronRoute, tags=["stats"])
 
@@ -23,4 +24,5 @@ async def stats(call: ThisCall) -> Json:
     return Json({"runs_by_state": counts, "tenant": tenant,
                  "running": counts["running"] + tasks["running"],
                  "queued": counts["queued"] + tasks["queued"],
-                 "quotas": asdict(call.svc.settings.tenants.quotas(tenant))})
+                 "quotas": {k: v for k, v in asdict(call.svc.settings.tenants.quotas(tenant))
+                            .items() if k in RULES}})

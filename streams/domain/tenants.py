@@ -11,6 +11,8 @@ The file::
     create_rate_per_s = 200   # API writes a second (a token bucket per tenant)
     create_burst = 400        # that bucket's size; 2 x create_rate_per_s when not given
     max_active_jobs = 100000  # jobs active or paused at once (the API refuses creates over it)
+    notify_webhook = "https://hooks.example/kron"  # failure alerts of jobs without a notify
+    notify_on = ["failed", "missed"]               # which outcomes; default ["failed"]
 
     [tenants.acme]            # a listed tenant: what it omits comes from [defaults]
     weight = 4
@@ -38,6 +40,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
+from streams.domain.errors import PermanentError
+from streams.domain.notify import WEBHOOK_MAX, Notify, NotifyEvent, parse_events
+
 WEIGHT_MAX: Final = 1000
 MAX_RUNNING_MAX: Final = 1_000_000
 RATE_MAX: Final = 1e9
@@ -61,6 +66,17 @@ class TenantQuotas:
     create_rate_per_s: float = 200.0
     create_burst: int = 400
     max_active_jobs: int = 100_000
+    # The alerts of the tenant's jobs that set no notify of their own (streams/notify/):
+    # None, no default. Its events apply only with a webhook.
+    notify_webhook: str | None = None
+    notify_on: frozenset[NotifyEvent] = frozenset({NotifyEvent.FAILED})
+
+    @property
+    def notify(self) -> Notify | None:
+        """The tenant's default notify, if it has one."""
+        if self.notify_webhook is None:
+            return None
+        return Notify(webhook=self.notify_webhook, on=self.notify_on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +114,10 @@ RULES: Final[Mapping[str, _Rule]] = {
     "create_burst": _Rule(True, 1, COUNT_MAX),
     "max_active_jobs": _Rule(True, 1, COUNT_MAX),
 }
-assert list(RULES) == [f.name for f in fields(TenantQuotas)]
+# Not numbers: the tenant's default failure alerts (docs/semantics.md, Failure alerts).
+NOTIFY_KEYS: Final = ("notify_webhook", "notify_on")
+FILE_KEYS: Final = (*RULES, *NOTIFY_KEYS)
+assert list(FILE_KEYS) == [f.name for f in fields(TenantQuotas)]
 SECTIONS: Final = ("defaults", "tenants")
 
 
@@ -196,10 +215,13 @@ def _section(body: dict[str, Any], path: tuple[str, ...], inherit: TenantQuotas
     values: dict[str, Any] = {}
     for key, value in body.items():
         where = (*path, key)
+        if key in NOTIFY_KEYS:
+            values[key] = _notify_value(key, value, where)
+            continue
         rule = RULES.get(key)
         if rule is None:
             raise _Bad(where, f"{_name(path)}: unknown key {key!r} (one of "
-                              f"{', '.join(RULES)}){_hint(key, RULES)}")
+                              f"{', '.join(FILE_KEYS)}){_hint(key, FILE_KEYS)}")
         wanted = rule.check(value)
         if wanted is not None:
             raise _Bad(where, f"{_name(where)} must be {wanted}; got {_shown(value)}")
@@ -207,6 +229,20 @@ def _section(body: dict[str, Any], path: tuple[str, ...], inherit: TenantQuotas
     if "create_rate_per_s" in values and "create_burst" not in values:
         values["create_burst"] = max(1, math.ceil(2 * values["create_rate_per_s"]))
     return replace(inherit, **values)
+
+
+def _notify_value(key: str, value: Any, where: tuple[str, ...]) -> Any:
+    """A notify key's value: an http(s) URL, or a list of the events."""
+    if key == "notify_webhook":
+        if (not isinstance(value, str) or len(value) > WEBHOOK_MAX
+                or not value.lower().startswith(("http://", "https://"))):
+            raise _Bad(where, f"{_name(where)} must be an http(s) URL of at most "
+                              f"{WEBHOOK_MAX} characters; got {_shown(value)}")
+        return value
+    try:
+        return parse_events(value, field=_name(where))
+    except PermanentError as exc:
+        raise _Bad(where, f"{exc.message}") from None
 
 
 def _hint(key: str, known: Any) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Final, NotRequired, TypedDict, cast
 import orjson
 
 from schemas.envelope import make_envelope
+from streams.alerts import alert_value
 from streams.domain.cursor import advance_cursor
 from streams.domain.errors import PermanentError
 from streams.domain.ids import event_id, exec_id, manual_exec_id
@@ -501,7 +502,14 @@ class PartitionCore:
             start_at_ms=plan.start_at_ms, end_at_ms=plan.end_at_ms))
 
     def _check_targets(self, tenant: str, target: Any, plan: JobPlan) -> None:
-        """The tenant's rights over the job's target, or over each task's of a DAG job."""
+        """The tenant's rights over the job's target, or over each task's of a DAG job, and
+        over its alerts' webhook (the same SSRF guard as an HTTP target's URL)."""
+        if plan.notify is not None:
+            try:
+                self._check_target(tenant, {"url": plan.notify.webhook})
+            except PermanentError as exc:
+                raise PermanentError(f"notify.webhook: {exc.message}",
+                                     field="notify.webhook") from None
         if plan.dag is None:
             self._check_target(tenant, target)
             return
@@ -1222,6 +1230,10 @@ class PartitionCore:
         ex["state"] = state
         ex["reason"] = reason
         self._save_exec(ctx, ex, f"execution.{state}")
+        if state == MISSED:  # the notifier's, and GET /v1/dead-letters' (streams/alerts.py)
+            ctx.effects.append(Emit(topic="dead-letters", name="kron.deadletter.DeadLetter",
+                                    key=job["job_id"], record=self._alert(
+                                        job, ex, ctx, "missed", f"slot missed: {reason}")))
 
     def _on_slot(self, job: JobRecord, plan: JobPlan, slot: Slot, ctx: Context, *,
                  trigger: Trigger, not_before_ms: int = 0, rerun_of: int | None = None) -> None:
@@ -1499,17 +1511,25 @@ class PartitionCore:
                                 key=job["job_id"], record=self._failure_alert(job, ex, ctx)))
 
     def _failure_alert(self, job: JobRecord, ex: ExecutionRecord, ctx: Context) -> Record:
+        return self._alert(job, ex, ctx, "failed", f"execution failed after {ex['attempt']} "
+                                                   f"attempt(s): {ex['last_error']}")
+
+    @staticmethod
+    def _alert(job: JobRecord, ex: ExecutionRecord, ctx: Context, what: str,
+               error: str) -> Record:
+        """A failed execution's or missed slot's alert; its value carries what the notifier
+        sends (streams/alerts.py), so it reads no other topic."""
         return {
             "envelope": make_envelope(
-                # A rerun may fail the execution again.
-                event_id=event_id(ex["exec_id"], "alert", ex["attempt"]),
-                event_type="execution.failed_alert", occurred_at_ms=ctx.now_ms,
+                # A rerun may fail the execution again; "alert" keeps the ids of before.
+                event_id=event_id(ex["exec_id"], "alert" if what == "failed" else what,
+                                  ex["attempt"]),
+                event_type=f"execution.{what}_alert", occurred_at_ms=ctx.now_ms,
                 tenant=job["envelope"]["tenant"], causation_id=ctx.causation_id,
                 correlation_id=job["job_id"], producer=ctx.worker),
             "source_topic": "executions", "source_partition": -1, "source_offset": -1,
-            "key": ex["exec_id"].encode(), "value": None,
-            "error": f"execution failed after {ex['attempt']} attempt(s): {ex['last_error']}",
-            "error_class": "execution_failed",
+            "key": ex["exec_id"].encode(), "value": alert_value(job, ex),
+            "error": error, "error_class": f"execution_{what}",
         }
 
     def _finish(self, job: JobRecord, ex: ExecutionRecord, ctx: Context, event_type: str) -> None:

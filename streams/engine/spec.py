@@ -13,6 +13,7 @@ from typing import Any
 
 from streams.domain.dag import DagPlan, parse_dag
 from streams.domain.errors import InvalidPolicy, InvalidSchedule, PermanentError
+from streams.domain.notify import Notify, parse_notify
 from streams.domain.policies import (
     PRIORITIES,
     Backoff,
@@ -49,6 +50,9 @@ class JobPlan:
     # The job's tier (JobSpec.priority, v4; normal for a spec without one). A DAG's tasks
     # take their job's: there is nothing per task.
     priority: Priority = Priority.NORMAL
+    # The job's own failure alerts (JobSpec.notify, v5); None: its tenant's default. Its
+    # webhook goes through the tenant's SSRF guard as a target's URL does (core).
+    notify: Notify | None = None
 
 
 # The slots' own setters, in field order. A frozen dataclass's __init__ sets each field
@@ -177,7 +181,8 @@ def _plan(spec: dict[str, Any]) -> JobPlan:
     return _new_plan(schedule, retry, misfire, dst, overlap, jitter_s, lease_s,
                      _time(spec.get("start_at_ms"), "start_at"),
                      _time(spec.get("end_at_ms"), "end_at"), _dag_of(spec.get("target")),
-                     _priority(spec.get("priority", "normal")))
+                     _priority(spec.get("priority", "normal")),
+                     parse_notify(spec.get("notify")))
 
 
 def _priority(value: Any) -> Priority:

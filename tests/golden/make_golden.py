@@ -582,6 +582,32 @@ def _v4_job_samples() -> dict[tuple[str, int], list[Record]]:
     return out
 
 
+# v5 adds JobSpec.notify (null, or kron.Notify {webhook, on}): where a job's failure alerts go.
+SPEC_NOTIFY_FULL: Record = {**SPEC_PRIORITY_FULL, "notify": {
+    "webhook": "https://hooks.example.com/kron?team=data", "on": ["failed", "missed"]}}
+
+
+def _v5_job_samples() -> dict[tuple[str, int], list[Record]]:
+    """v5 (JobSpec.notify): v4's samples again (they read as notify null) and a job that
+    notifies on both events, one on failures only, full and minimal."""
+    v4 = _v4_job_samples()
+    out: dict[tuple[str, int], list[Record]] = {}
+    failed_only = {"webhook": "http://10.0.0.1/a", "on": ["failed"]}
+    for name in ("kron.commands.CreateJob", "kron.commands.UpdateJob", "kron.state.JobState"):
+        records = v4[(name, 4)]
+        out[(name, 5)] = [*records, {**records[0], "spec": SPEC_NOTIFY_FULL},
+                          {**records[-1], "spec": {**SPEC_DAG_MIN, "notify": failed_only}}]
+    out[("kron.commands.CreateJobs", 5)] = [
+        *v4[("kron.commands.CreateJobs", 4)],
+        {"envelope": _env("job.create_many_requested", 3), "command_id": "cmd-3",
+         "jobs": [{"job_id": "job-7", "idempotency_key": "idem-7", "spec": SPEC_NOTIFY_FULL},
+                  {"job_id": "job-8", "idempotency_key": None,
+                   "spec": {**SPEC_KAFKA_MIN, "notify": {"webhook": "https://h.example/",
+                                                         "on": []}}}]},
+    ]
+    return out
+
+
 def _task_progress(task_id: str, state: str, **counts: int) -> Record:
     return {"task_id": task_id, "state": state, "pending": counts.get("pending", 0),
             "succeeded": counts.get("succeeded", 0), "failed": counts.get("failed", 0),
@@ -620,6 +646,7 @@ SAMPLES: dict[tuple[str, int], list[Record]] = {
     **_v2_job_samples(),
     **_v3_job_samples(),
     **_v4_job_samples(),
+    **_v5_job_samples(),
     ("kron.executions.ExecutionState", 2): _v2_execution_samples(),
     ("kron.commands.CancelRun", 1): [
         _command("run.cancel_requested", 1, full=True, run_id="exec-1", reason="operator"),

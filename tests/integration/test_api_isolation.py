@@ -26,6 +26,7 @@ PAST_FROM = (datetime.now(UTC) - timedelta(hours=3)).isoformat()
 PAST_TO = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
 MISSING_JOB = "j_" + "0" * 32
 MISSING_RUN = "0" * 32
+MISSING_DL = "dl_" + "0" * 32
 
 
 @dataclass
@@ -33,6 +34,7 @@ class World:
     job_id: str   # acme's, with one finished run
     run_id: str
     own_job: str  # globex's own
+    dl_id: str  # acme's dead letter: a failed job's alert
 
 
 def body(stack: Any, **overrides: Any) -> dict[str, Any]:
@@ -50,7 +52,14 @@ def world(api_stack) -> World:
                                    if r["state"] == "succeeded"], 30)
         assert runs, api_stack.worker.log()[-3000:]
         own = globex.post("/v1/jobs", json=body(api_stack)).json()["job_id"]
-        return World(job_id=job_id, run_id=runs[0]["run_id"], own_job=own)
+        failing = acme.post("/v1/jobs", json=body(
+            api_stack, run_at=datetime.now(UTC).isoformat(), schedule=None,
+            target={"url": f"{api_stack.receiver.url}/status/404"})).json()["job_id"]
+        letters = wait_until(lambda: [d for d in acme.get("/v1/dead-letters").json()[
+            "dead_letters"] if d["alert"] and d["alert"]["job_id"] == failing], 30)
+        assert letters, api_stack.worker.log()[-3000:]
+        return World(job_id=job_id, run_id=runs[0]["run_id"], own_job=own,
+                     dl_id=letters[0]["id"])
 
 
 # Every (method, path) under /v1, with what globex sends when probing acme's ids.
@@ -67,8 +76,11 @@ PROBES: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/v1/runs/{run_id}"): {},
     ("POST", "/v1/runs/{run_id}:cancel"): {},
     ("POST", "/v1/runs/{run_id}:retry"): {},
+    ("POST", "/v1/dead-letters/{dl_id}:redrive"): {"json": {
+        "name": "pwned", "schedule": {"cron": "0 0 1 1 *"}, "target": {"url": "http://x.test/"}}},
 }
-LISTS = {("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/stats")}
+LISTS = {("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/stats"),
+         ("GET", "/v1/dead-letters")}
 
 
 def test_the_probe_table_covers_every_endpoint(api_stack) -> None:
@@ -87,10 +99,10 @@ def test_another_tenants_ids_answer_like_missing_ones(api_stack, world: World, m
                                                       path: str) -> None:
     kw = PROBES[(method, path)]
     with api_stack.client("key-globex") as globex:
-        theirs = globex.request(method, path.format(job_id=world.job_id, run_id=world.run_id),
-                                **kw)
-        missing = globex.request(method, path.format(job_id=MISSING_JOB, run_id=MISSING_RUN),
-                                 **kw)
+        theirs = globex.request(method, path.format(
+            job_id=world.job_id, run_id=world.run_id, dl_id=world.dl_id), **kw)
+        missing = globex.request(method, path.format(
+            job_id=MISSING_JOB, run_id=MISSING_RUN, dl_id=MISSING_DL), **kw)
     assert theirs.status_code == 404, theirs.text
     assert theirs.headers["content-type"] == PROBLEM
     assert theirs.json()["type"] == missing.json()["type"]
@@ -102,8 +114,8 @@ def test_acme_job_is_untouched_by_globex(api_stack, world: World) -> None:
     for method, path in PROBES:  # every write attempt again, then look from acme's side
         globex_kw = PROBES[(method, path)]
         with api_stack.client("key-globex") as globex:
-            globex.request(method, path.format(job_id=world.job_id, run_id=world.run_id),
-                           **globex_kw)
+            globex.request(method, path.format(
+                job_id=world.job_id, run_id=world.run_id, dl_id=world.dl_id), **globex_kw)
     with api_stack.client("key-acme") as acme:
         job = acme.get(f"/v1/jobs/{world.job_id}").json()
         runs = acme.get(f"/v1/jobs/{world.job_id}/runs").json()["runs"]
@@ -118,10 +130,12 @@ def test_lists_and_stats_show_only_the_callers_items(api_stack, world: World) ->
         # A cursor is a position in the caller's own key range: acme's id can't escape it.
         cursored = globex.get("/v1/jobs", params={"cursor": world.job_id}).json()["jobs"]
         stats = globex.get("/v1/stats").json()["runs_by_state"]
+        letters = globex.get("/v1/dead-letters").json()["dead_letters"]
     assert world.own_job in listed and world.job_id not in listed
     assert by_name == []
     assert world.job_id not in [j["job_id"] for j in cursored]
     assert sum(stats.values()) == 0  # globex never ran anything; acme did
+    assert world.dl_id not in [d["id"] for d in letters]
     with api_stack.client("key-acme") as acme:
         assert acme.get("/v1/stats").json()["runs_by_state"]["succeeded"] >= 1
         assert world.own_job not in [j["job_id"] for j in acme.get(

@@ -63,7 +63,7 @@ def spec(*, target: dict[str, Any], cron: str | None = None, tz: str = "UTC",
         "misfire": {"kind": "fire_once", "late_by_s": None, "fire_all_cap": 100},
         "dst": {"nonexistent": "shift_forward", "ambiguous": "first"},
         "jitter_s": 0.0, "start_at_ms": None, "end_at_ms": None, "lease_s": 10.0,
-        "metadata": {}, "priority": "normal",
+        "metadata": {}, "priority": "normal", "notify": None,
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):

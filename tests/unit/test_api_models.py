@@ -115,7 +115,7 @@ def test_other_seed_shorthand_normalises_to_canonical() -> None:
         "misfire": {"kind": "fire_once", "late_by_s": None, "fire_all_cap": 100},
         "dst": {"nonexistent": "shift_forward", "ambiguous": "first"},
         "jitter_s": 0.0, "start_at_ms": None, "end_at_ms": None, "lease_s": 60.0,
-        "metadata": {}, "priority": "normal",
+        "metadata": {}, "priority": "normal", "notify": None,
     }
     canonical = {"name": "cleanup", "schedule": {"cron": "0 2 * * *", "timezone": "UTC"},
                  "target": {"type": "command", "command": "cleanup", "args": {}},

@@ -24,14 +24,16 @@ from kron.settings import Settings
 PROBLEM = "application/problem+json"
 WRITE_BODIES = {("post", "/v1/jobs"): "JobRequest", ("patch", "/v1/jobs/{job_id}"): "JobPatch",
                 ("post", "/v1/jobs/{job_id}:{action}"): "BackfillRequest",
-                ("post", "/v1/runs/{run_id}:cancel"): "CancelRunRequest"}
+                ("post", "/v1/runs/{run_id}:cancel"): "CancelRunRequest",
+                ("post", "/v1/dead-letters/{dl_id}:redrive"): "JobRequest"}
 
 
 class Publisher:
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any], str]] = []
 
-    async def publish(self, name: str, record: dict[str, Any], *, key: str) -> None:
+    async def publish(self, name: str, record: dict[str, Any], *, key: str,
+                      topic: str | None = None) -> None:
         self.sent.append((name, record, key))
 
     def close(self) -> None:
@@ -96,7 +98,7 @@ def resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
 def test_the_openapi_document_describes_every_answer_and_write_body(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     operations = [(m, p, op) for p, ops in doc["paths"].items() for m, op in ops.items()]
-    assert len(operations) == 15  # GET /v1/runs (issue 40) is the 15th
+    assert len(operations) == 17  # GET /v1/runs and the two dead-letter routes (issue 40)
     for method, path, op in operations:
         ok = {code: r for code, r in op["responses"].items() if code.startswith("2")}
         assert ok, (method, path)

@@ -40,7 +40,7 @@ from schemas.registry import (
     crc64_avro,
     default_registry,
 )
-from tests.golden.make_golden import INT_MAX, LONG_MAX, SAMPLES, SPEC_PRIORITY_FULL, T0
+from tests.golden.make_golden import INT_MAX, LONG_MAX, SAMPLES, SPEC_NOTIFY_FULL, T0
 
 REGISTRY = default_registry()
 
@@ -116,7 +116,7 @@ def test_round_trip_every_record(name: str) -> None:
 def test_full_sample_spec_sets_every_job_spec_field() -> None:
     fields = REGISTRY.latest(names.CREATE_JOB).schema["fields"]
     spec = next(f for f in fields if f["name"] == "spec")["type"]
-    assert list(SPEC_PRIORITY_FULL) == [f["name"] for f in spec["fields"]]
+    assert list(SPEC_NOTIFY_FULL) == [f["name"] for f in spec["fields"]]
 
 
 def test_omitted_fields_take_the_schema_defaults() -> None:
@@ -144,6 +144,7 @@ def test_omitted_fields_take_the_schema_defaults() -> None:
     assert (spec["jitter_s"], spec["lease_s"], spec["metadata"]) == (0.0, 60.0, {})
     assert (spec["start_at_ms"], spec["end_at_ms"]) == (None, None)
     assert spec["priority"] == "normal"
+    assert spec["notify"] is None
     command = ("kron.CommandTarget", {"argv": ["true"]})
     target = decode(encode(names.CREATE_JOB, _create_job(target=command))).record["spec"]["target"]
     assert target[1] == {
@@ -283,6 +284,9 @@ JOB_SPECS = st.fixed_dictionaries(
         "lease_s": DOUBLES,
         "metadata": STR_MAPS,
         "priority": st.sampled_from(["critical", "normal", "batch"]),
+        "notify": st.none() | st.fixed_dictionaries({
+            "webhook": st.text(max_size=40),
+            "on": st.lists(st.sampled_from(["failed", "missed"]), max_size=2)}),
     }
 )
 CREATE_JOBS = st.fixed_dictionaries(

@@ -498,16 +498,18 @@ def test_a_v3_job_reads_as_a_normal_priority_one(name: str) -> None:
     pinned to v3 lose only the tier."""
     codec = Codec(REGISTRY)
     for record in SAMPLES[(name, 3)]:
-        decoded = codec.decode(codec.encode(name, record, version=3))
+        # Read as v4 (the version that added the tier); v5 only appends notify after it.
+        decoded = codec.decode(codec.encode(name, record, version=3), name, reader_version=4)
         assert (decoded.version, decoded.reader_version) == (3, 4)
         assert decoded.record["spec"]["priority"] == "normal"
         assert list(decoded.record["spec"])[-1] == "priority"
     batch = {**SAMPLES[(name, 4)][-1]}
     assert batch["spec"]["priority"] == "batch"
-    old = codec.decode(codec.encode(name, batch), name, reader_version=3)
+    old = codec.decode(codec.encode(name, batch, version=4), name, reader_version=3)
     assert "priority" not in old.record["spec"]
     assert to_jsonable(old.record["spec"]) == to_jsonable(
-        {k: v for k, v in codec.decode(codec.encode(name, batch)).record["spec"].items()
+        {k: v for k, v in codec.decode(codec.encode(name, batch, version=4), name,
+                                       reader_version=4).record["spec"].items()
          if k != "priority"})
 
 
@@ -517,3 +519,30 @@ def test_every_job_spec_v4_defines_the_same_priority_enum() -> None:
         types = _named_types(raw)
         assert types["kron.Priority"] == (
             '{"name":"kron.Priority","type":"enum","symbols":["critical","normal","batch"]}')
+
+
+@pytest.mark.parametrize("name", [names.CREATE_JOB, names.UPDATE_JOB, names.JOB_STATE])
+def test_a_v4_job_reads_as_one_without_its_own_notify(name: str) -> None:
+    """v5 appended JobSpec.notify (null or kron.Notify, default null): a job written by a v4
+    producer, or kept in a v4 state record, has none (its tenant's default applies); v5 bytes
+    read by a reader pinned to v4 lose only the notify."""
+    codec = Codec(REGISTRY)
+    for record in SAMPLES[(name, 4)]:
+        decoded = codec.decode(codec.encode(name, record, version=4))
+        assert (decoded.version, decoded.reader_version) == (4, 5)
+        assert decoded.record["spec"]["notify"] is None
+        assert list(decoded.record["spec"])[-1] == "notify"
+    full = SAMPLES[(name, 5)][-2]
+    assert full["spec"]["notify"]["on"] == ["failed", "missed"]
+    old = codec.decode(codec.encode(name, full), name, reader_version=4)
+    assert "notify" not in old.record["spec"]
+    assert old.record["spec"]["priority"] == "critical"
+
+
+def test_every_job_spec_v5_defines_the_same_notify_record() -> None:
+    for name in (names.CREATE_JOB, names.CREATE_JOBS, names.UPDATE_JOB, names.JOB_STATE):
+        raw = json.loads(_path(REGISTRY.get(name, 5)).read_text(encoding="utf-8"))
+        types = _named_types(raw)
+        assert types["kron.NotifyEvent"] == (
+            '{"name":"kron.NotifyEvent","type":"enum","symbols":["failed","missed"]}')
+        assert '"name":"kron.Notify"' in types["kron.Notify"]

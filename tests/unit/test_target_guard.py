@@ -53,7 +53,7 @@ def _spec(target: Any) -> dict[str, Any]:
             "misfire": {"kind": "fire_once", "late_by_s": None, "fire_all_cap": 100},
             "dst": {"nonexistent": "shift_forward", "ambiguous": "first"}, "jitter_s": 0.0,
             "start_at_ms": None, "end_at_ms": None, "lease_s": 60.0, "metadata": {},
-            "priority": "normal"}
+            "priority": "normal", "notify": None}
 
 
 def _cmd(kind: str, job_id: str, target: Any, n: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ active-jobs cap, and /v1/stats' running and queued counts."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,7 +23,8 @@ from api.server import Components, create_app
 from kron.clock import ManualClock
 from kron.processes import settings_env
 from kron.settings import Settings
-from streams.domain.tenants import RULES, TenantQuotas, TenantTable
+from streams.domain.notify import NotifyEvent
+from streams.domain.tenants import FILE_KEYS, RULES, TenantQuotas, TenantTable
 from tests.unit.test_api_routes import Probe, Publisher, conforms, problem
 from tests.unit.test_dag_query import execution
 
@@ -73,10 +75,40 @@ def test_a_good_file_gives_each_listed_tenant_its_section_over_the_defaults() ->
 
 
 def test_the_quotas_are_the_files_keys_in_order() -> None:
-    assert list(RULES) == [f.name for f in dataclasses.fields(TenantQuotas)]
+    assert list(FILE_KEYS) == [f.name for f in dataclasses.fields(TenantQuotas)]
     assert [f.name for f in dataclasses.fields(TenantQuotas)] == [
         "weight", "max_running", "dispatch_rate_per_s", "create_rate_per_s", "create_burst",
-        "max_active_jobs"]
+        "max_active_jobs", "notify_webhook", "notify_on"]
+
+
+def test_a_tenant_default_notify_is_inherited_and_replaced_whole() -> None:
+    table = TenantTable.from_toml(
+        '[defaults]\nnotify_webhook = "https://hooks.example/all"\n'
+        '[tenants.acme]\nnotify_on = ["missed", "failed"]\n'
+        '[tenants.globex]\nnotify_webhook = "https://globex.example/h"\n')
+    acme, globex, other = (table.quotas(t).notify for t in ("acme", "globex", "x"))
+    assert acme is not None and acme.webhook == "https://hooks.example/all"
+    assert acme.on == {NotifyEvent.FAILED, NotifyEvent.MISSED}
+    assert globex is not None and globex.on == {NotifyEvent.FAILED}  # the default events
+    assert other is not None and other.on == {NotifyEvent.FAILED}
+    assert TenantTable.from_toml("").quotas("x").notify is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[tenants.acme]\nweight = 2\nnotify_webhook = "ftp://x"\n',
+     "<tenants>, line 3: tenants.acme.notify_webhook must be an http(s) URL"),
+    ('[defaults]\nnotify_webhook = 7\n',
+     "<tenants>, line 2: defaults.notify_webhook must be an http(s) URL"),
+    ('[defaults]\n\nnotify_on = ["failed", "late"]\n',
+     "<tenants>, line 3: defaults.notify_on[1] must be one of: failed, missed; got 'late'"),
+    ('[defaults]\nnotify_on = "failed"\n',
+     "<tenants>, line 2: defaults.notify_on must be a list of: failed, missed"),
+    ('[defaults]\nnotify_hook = "https://x.example"\n',
+     "did you mean 'notify_webhook'?"),
+])
+def test_a_bad_notify_key_names_its_line(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TenantTable.from_toml(text)
 
 
 def test_what_defaults_omit_comes_from_the_base_and_tenants_inherit_the_defaults() -> None:
@@ -319,9 +351,9 @@ def test_stats_count_the_callers_running_and_queued_executions(api: TestClient,
     assert (body["tenant"], body["running"], body["queued"]) == ("big", 3, 2)
     assert body["runs_by_state"]["running"] == 2 and body["runs_by_state"]["queued"] == 1
     assert body["runs_by_state"]["succeeded"] == 1
-    assert body["quotas"] == dataclasses.asdict(TenantQuotas(create_rate_per_s=1000.0,
-                                                             create_burst=2000,
-                                                             max_active_jobs=1000))
+    quotas = dataclasses.asdict(TenantQuotas(create_rate_per_s=1000.0, create_burst=2000,
+                                             max_active_jobs=1000))
+    assert body["quotas"] == {k: v for k, v in quotas.items() if k in RULES}
     small = conforms(responses.Stats, api.get("/v1/stats", headers=key("small")), 200)
     assert (small["running"], small["queued"], small["quotas"]["max_active_jobs"]) == (1, 0, 2)
     nobody = conforms(responses.Stats, api.get("/v1/stats", headers=key("fast")), 200)

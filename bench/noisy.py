@@ -235,6 +235,8 @@ def snap(stack: Stack) -> Snap:
 
 @dataclass(kw_only=True)
 class Phase:
+    """One phase's jobs and what the run found of them (filled in as it goes)."""
+
     name: str
     groups: list[Group]
     plan: Plan

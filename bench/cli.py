@@ -418,7 +418,7 @@ def noisy(
     broker_warmup: BrokerWarmupOpt = 30.0,
 ) -> None:
     """A noisy neighbour: tenant B's critical and normal one-offs beside tenant A's flood
-    (A_JOBS due at one second), then with --steady beside A's steady load; B's lateness per
+    (A_JOBS due at one second), or with --steady beside A's steady load; B's lateness per
     tier with A and, in the same command, without it (the `alone` phase, its own tenants).
     Lost and duplicated calls counted at the receiver by Idempotency-Key.
 

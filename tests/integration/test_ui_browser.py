@@ -2,8 +2,10 @@
 the real stack (the broker, a worker and `kron api` as processes, a loopback HTTP target).
 
 One user story: sign in with tenant acme's key, create a cron job through the form, see its
-runs succeed on the job page, pause it, find it by its label, see the overview's counts and
-charts and a failed run on the failures page; then sign in as globex and see none of it.
+runs succeed on the job page, pause it, find it by its label, retry a failed DAG run, cancel
+a running plain run and retry a failed one from their pages (and see a refused command's
+reason), see the overview's counts and charts, and on the failures page a failed run and its
+failure alert among the dead letters, paged; then sign in as globex and see none of it.
 Along the way: hostile job names render as text, and no page breaks its Content-Security-
 Policy or throws.
 
@@ -186,6 +188,16 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         page.wait_for_selector("#run:not([hidden])")
         assert acme.text("#run-state") == "succeeded"
         assert "200" in acme.text("#attempts tbody")
+        # A succeeded run takes no command; a stale page's button is refused by the API
+        # (409) and the page says why, in the API's words.
+        assert page.is_hidden("#btn-retry") and page.is_hidden("#btn-cancel")
+        page.evaluate("document.querySelector('#btn-retry').hidden = false")
+        page.click("#btn-retry")
+        expect(page.locator("#run-action-result")).to_contain_text(
+            f"Retry failed: run '{run_id}' is succeeded")
+        expect(page.locator("#run-action-result")).to_contain_text(
+            "only a failed, missed or skipped run can be retried")
+        expect(page.locator("#btn-retry")).to_be_hidden()
         page.click("#run-job")
         page.wait_for_url(f"{base}/ui/jobs/{job_id}")
 
@@ -211,6 +223,48 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
 
             assert wait_until(lambda: b_attempts() == 2, 60), c.get(f"/v1/runs/{dag_run}").text
 
+        # A plain run that stays running (its target answers after 30 s) is cancelled from
+        # its page: the run ends cancelled, and neither button is offered after.
+        with api_stack.client() as c:
+            slow = api_job(c, name=f"slow-{label}", retry={"max_attempts": 1},
+                           target={"url": f"{receiver.url}/slow/30", "timeout_s": 60})
+        page = acme.go(f"/ui/jobs/{slow}")
+        page.wait_for_selector("#runs tbody tr:has(.state-running) a", timeout=60_000)
+        page.click("#runs tbody tr:has(.state-running) a")
+        page.wait_for_url("**/ui/runs/*")
+        slow_run = page.url.rsplit("/", 1)[-1]
+        page.wait_for_selector("#run:not([hidden])")
+        expect(page.locator("#run-state")).to_have_text("running")
+        assert page.is_hidden("#btn-retry")
+        assert receiver.wait_for(slow, 1, 10), api_stack.worker.log()[-3000:]
+        page.click("#btn-cancel")  # its dialog is accepted
+        expect(page.locator("#run-action-result")).to_have_text(re.compile(r"^Cancel: "))
+        expect(page.locator("#run-state")).to_have_text("cancelled")
+        expect(page.locator("#btn-cancel")).to_be_hidden()
+        assert page.is_hidden("#btn-retry")
+        with api_stack.client() as c:
+            assert c.get(f"/v1/runs/{slow_run}").json()["state"] == "cancelled"
+
+        # A failed plain run (a 500, one attempt allowed) is retried from its page: a second
+        # attempt of the same execution, with the same Idempotency-Key, which fails again.
+        with api_stack.client() as c:
+            failed = wait_until(lambda: [r for r in c.get(f"/v1/jobs/{failing}/runs").json()[
+                "runs"] if r["state"] == "failed"], 60)
+            assert failed, c.get(f"/v1/jobs/{failing}/runs").text
+        failed_run = failed[0]["run_id"]
+        page = acme.go(f"/ui/runs/{failed_run}")
+        page.wait_for_selector("#run:not([hidden])")
+        expect(page.locator("#run-state")).to_have_text("failed")
+        expect(page.locator("#attempts tbody tr.attempt")).to_have_count(1)
+        assert page.is_hidden("#btn-cancel")
+        page.click("#btn-retry")
+        expect(page.locator("#run-action-result")).to_have_text(re.compile(r"^Retry: "))
+        expect(page.locator("#attempts tbody tr.attempt")).to_have_count(2, timeout=60_000)
+        expect(page.locator("#run-state")).to_have_text("failed")
+        assert "500" in acme.text("#attempts tbody tr.attempt[data-attempt='2']")
+        hits = receiver.wait_for(failing, 2, 10)
+        assert [h.attempt for h in hits] == [1, 2] and {h.key for h in hits} == {failed_run}
+
         # The jobs list finds it by its label and kind; the markup name is only text.
         page = acme.go(f"/ui/jobs?label=team%3D{label}")
         page.wait_for_selector("#jobs tbody tr")
@@ -233,14 +287,41 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         assert page.locator("#chart-lateness svg polyline").count() == 2
         page.screenshot(path=str(shots / "dashboard-overview.png"))
 
-        # The failures page: the failed run, and what it says of dead letters.
-        with api_stack.client() as c:
-            assert wait_until(lambda: [r for r in c.get(f"/v1/jobs/{failing}/runs").json()[
-                "runs"] if r["state"] == "failed"], 60)
+        # The failures page: the failed run, and its two failures' alerts among the dead
+        # letters (each names its job and run).
+        def dead_letters() -> list[dict[str, Any]]:
+            with api_stack.client() as c:
+                r = c.get("/v1/dead-letters", params={"limit": 500})
+            assert r.status_code == 200, r.text
+            return list(r.json()["dead_letters"])
+
+        def alerts_of(job: str) -> list[dict[str, Any]]:
+            return [d for d in dead_letters() if (d["alert"] or {}).get("job_id") == job]
+
+        assert wait_until(lambda: len(alerts_of(failing)) == 2, 60), dead_letters()
         page = acme.go("/ui/failures")
         page.wait_for_selector(f"#failed-runs tbody tr:has-text('failing-{label}')")
-        expect(page.locator("#dead-letters-note")).to_contain_text("dead-letter API")
+        alerts = page.locator(f"#dead-letters tbody tr.kind-alert:has-text('failing-{label}')")
+        expect(alerts).to_have_count(2)
+        for n in range(2):
+            row = alerts.nth(n)
+            expect(row).to_contain_text("execution_failed")
+            expect(row).to_contain_text("500")
+            assert row.locator(f"a[href='/ui/runs/{failed_run}']").count() == 1
+            assert row.locator(f"a[href='/ui/jobs/{failing}']").count() == 1
+        assert page.is_hidden("#dead-letters-more")
         page.screenshot(path=str(shots / "dashboard-failures.png"))
+        # Paged by the list's cursor: two at a time, newest first, none twice.
+        page = acme.go("/ui/failures?dl_limit=2")
+        expect(page.locator("#dead-letters tbody tr")).to_have_count(2)
+        page.click("#dead-letters-more")
+        expect(page.locator("#dead-letters tbody tr")).to_have_count(4)
+        shown = [str(r.get_attribute("data-dl-id"))
+                 for r in page.locator("#dead-letters tbody tr").all()]
+        listed = {d["id"]: d["occurred_at"] for d in dead_letters()}
+        assert len(set(shown)) == 4 and set(shown) <= set(listed), (shown, listed)
+        times = [listed[i] for i in shown]
+        assert times == sorted(times, reverse=True), times
         # Deleting a job from its page (the dialog is accepted) leads back to the list.
         page.click(f"#failed-runs a[href='/ui/jobs/{failing}']")
         page.wait_for_selector("#job:not([hidden])")
@@ -249,8 +330,9 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         with api_stack.client() as c:
             assert c.get(f"/v1/jobs/{failing}").status_code == 404
         assert acme.problems == [], acme.problems
-        # The wrong key's 401, and the probe for a dead-letter API that is not there yet.
-        assert {p for _, p in acme.failed} <= {"/v1/stats", "/v1/dead-letters"}, acme.failed
+        # The wrong key's 401, and the stale retry button's 409.
+        assert sorted(set(acme.failed)) == [(401, "/v1/stats"), (409, f"/v1/runs/{run_id}:retry")
+                                            ], acme.failed
     finally:
         acme.close()
 
@@ -271,9 +353,15 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         page = globex.go(f"/ui/runs/{run_id}")
         page.wait_for_selector("#notice:not([hidden])")
         assert "not found" in globex.text("#notice").lower()
+        page = globex.go(f"/ui/runs/{slow_run}")  # nor cancel or retry another's
+        page.wait_for_selector("#notice:not([hidden])")
+        assert "not found" in globex.text("#notice").lower()
+        assert page.is_hidden("#btn-cancel") and page.is_hidden("#btn-retry")
         page = globex.go("/ui/failures")
         page.wait_for_selector("#failures-empty:not([hidden])")
-        expect(page.locator("#dead-letters-note")).not_to_be_empty()
+        expect(page.locator("#dead-letters-note")).to_have_text("None.")
+        assert page.is_hidden("#dead-letters")
+        assert page.locator("#dead-letters tbody tr").count() == 0
         # Signing out forgets the key: the next page asks for one again.
         page.click("#signout")
         page.wait_for_url("**/ui/signin")
@@ -281,7 +369,7 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         assert globex.problems == [], globex.problems
         assert {s for s, _ in globex.failed} == {404}, globex.failed
         assert {p for _, p in globex.failed} == {
-            f"/v1/jobs/{job_id}", f"/v1/runs/{run_id}", "/v1/dead-letters"}, globex.failed
+            f"/v1/jobs/{job_id}", f"/v1/runs/{run_id}", f"/v1/runs/{slow_run}"}, globex.failed
     finally:
         globex.close()
 

@@ -36,9 +36,12 @@ async function api(method, path, body, key) {
   return { status: r.status, ok: r.ok, data };
 }
 
-function problem(res) {
+// An answer's problem (RFC 9457) as a line of text: its detail, and the field it names
+// unless `bare`.
+function problem(res, bare) {
   const d = res.data || {};
-  return (d.detail || d.title || ("HTTP " + res.status)) + (d.field ? " (" + d.field + ")" : "");
+  const text = d.detail || d.title || ("HTTP " + res.status);
+  return d.field && !bare ? text + " (" + d.field + ")" : text;
 }
 
 // --- building the page ----------------------------------------------------------------------
@@ -83,6 +86,23 @@ function runLink(id, text) {
 }
 
 function badge(state) { return el("span", { class: "badge state-" + safeClass(state) }, state); }
+
+// Why a queued run waits (its `reason`: "tenant concurrency limit", "dispatch rate"); ""
+// for a run that is not queued.
+function queuedReason(r) { return r && r.state === "queued" && r.reason ? String(r.reason) : ""; }
+
+// A run's state as its user reads it: its badge, and a queued run's reason beside it.
+function runState(r) {
+  const why = queuedReason(r);
+  if (!why) return badge(r.state);
+  return el("span", { class: "run-state" }, badge(r.state), " ", el("span", { class: "reason" }, why));
+}
+
+// A run's state as plain text (a link's): "queued (dispatch rate)".
+function runStateText(r) {
+  const why = queuedReason(r);
+  return why ? r.state + " (" + why + ")" : r.state;
+}
 
 function safeClass(s) { return String(s || "").replace(/[^a-z_]/g, ""); }
 
@@ -267,7 +287,7 @@ function pageJobs() {
       el("td", {}, jobLink(j.job_id, j.name)), el("td", {}, badge(j.status)),
       el("td", {}, kindOf(j.definition)), el("td", {}, scheduleOf(j.definition)),
       el("td", {}, when(j.next_run_at)),
-      el("td", {}, j.last_run ? runLink(j.last_run.run_id, j.last_run.state) : "–"),
+      el("td", {}, j.last_run ? runLink(j.last_run.run_id, runStateText(j.last_run)) : "–"),
       el("td", {}, labels(j.definition.metadata))));
     const body = $("#jobs tbody");
     if (more) body.append(...rows); else replaceRows(body, rows);
@@ -384,10 +404,10 @@ function pageJob() {
     const res = await api("GET", path + "/runs?limit=50");
     if (!res.ok) return;
     replaceRows($("#runs tbody"), res.data.runs.map((r) => el("tr", { "data-run-id": r.run_id, class: "run" },
-      el("td", {}, runLink(r.run_id, when(r.scheduled_for))), el("td", {}, badge(r.state)),
+      el("td", {}, runLink(r.run_id, when(r.scheduled_for))), el("td", {}, runState(r)),
       el("td", {}, r.trigger), el("td", { class: "num" }, r.attempt),
       el("td", { class: "num" }, ms(r.lateness_ms)),
-      el("td", {}, r.error || r.reason || taskCounts(r.tasks)))));
+      el("td", {}, r.error || (queuedReason(r) ? "" : r.reason) || taskCounts(r.tasks)))));
     $("#runs-empty").hidden = res.data.runs.length > 0;
   }
 
@@ -428,6 +448,8 @@ function pageRun() {
   const id = document.body.dataset.runId;
   let named = false;
   let timer = null;
+  let shown = null;  // the run as last shown
+  let grace = 0;  // reads after a command that go on while the run still shows it ended
   const load = async () => {
     const res = await api("GET", "/v1/runs/" + encodeURIComponent(id));
     if (res.status === 404) {
@@ -437,8 +459,11 @@ function pageRun() {
       return;
     }
     if (!res.ok) return notice(problem(res), "error");
+    shown = res.data;
     showRun(res.data);
-    if (DONE.has(res.data.state)) clearInterval(timer);
+    if (!DONE.has(res.data.state)) grace = 0;
+    else if (grace > 0) grace--;  // a retry the worker has not applied yet: read again
+    else clearInterval(timer);
     if (!named) {  // the job's name, once (a deleted job's runs keep its id only)
       named = true;
       const job = await api("GET", "/v1/jobs/" + encodeURIComponent(res.data.job_id));
@@ -446,8 +471,42 @@ function pageRun() {
     }
   };
   const start = () => { clearInterval(timer); timer = every(2, load); };
-  runActions(id, start);
+  runActions(id, () => shown, () => { grace = 5; start(); });
   start();
+}
+
+// Which commands a run takes, as POST /v1/runs/{id}:cancel and :retry judge it
+// (api/routes/run_actions.py): a DAG run is cancelled while running and retried when failed
+// or cancelled; a plain run is cancelled while queued, running or waiting for its retry, and
+// retried when failed, missed or skipped; a DAG task instance takes neither (its run does).
+// The API has the last word: a run that changed meanwhile answers 409, shown as it says.
+function runCommands(r) {
+  if (!r || r.task_id) return { cancel: false, retry: false };
+  if (r.tasks) return { cancel: r.state === "running", retry: r.state === "failed" || r.state === "cancelled" };
+  return { cancel: ["queued", "running", "retry_pending"].includes(r.state),
+           retry: ["failed", "missed", "skipped"].includes(r.state) };
+}
+
+// An attempt's output (`attempts[].output`: a string, bounded by the server) as text to
+// show; null when the attempt has none.
+function outputText(output) {
+  if (output === undefined || output === null) return null;
+  return typeof output === "string" ? output : JSON.stringify(output, null, 2);
+}
+
+// An attempt's rows in the attempts table: the attempt, then its output if it has one.
+function attemptRows(a) {
+  const rows = [el("tr", { class: "attempt", "data-attempt": a.attempt },
+    el("td", { class: "num" }, a.attempt), el("td", {}, a.worker || "–"),
+    el("td", {}, when(a.started_at)), el("td", {}, when(a.finished_at)),
+    el("td", {}, a.outcome ? badge(a.outcome) : "–"), el("td", { class: "num" }, a.status_code ?? "–"),
+    el("td", {}, a.error || ""))];
+  const out = outputText(a.output);
+  if (out !== null) {
+    rows.push(el("tr", { class: "output", "data-attempt": a.attempt }, el("td", {}),
+      el("td", { colspan: 6 }, el("pre", {}, out))));
+  }
+  return rows;
 }
 
 function showRun(r) {
@@ -455,6 +514,7 @@ function showRun(r) {
   const st = $("#run-state");
   st.textContent = r.state;
   st.className = "badge state-" + safeClass(r.state);
+  $("#run-reason").textContent = queuedReason(r) ? "waiting: " + queuedReason(r) : "";
   const job = $("#run-job");
   if (!job.textContent) job.textContent = r.job_id;
   job.href = "/ui/jobs/" + encodeURIComponent(r.job_id);
@@ -466,38 +526,31 @@ function showRun(r) {
   if (r.dst_outcome) fields.push(["DST", r.dst_outcome]);
   replaceRows($("#run-fields tbody"), fields.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))));
   const attempts = r.attempts || [];
-  const rows = [];
-  for (const a of attempts) {
-    rows.push(el("tr", {}, el("td", { class: "num" }, a.attempt), el("td", {}, a.worker || "–"),
-      el("td", {}, when(a.started_at)), el("td", {}, when(a.finished_at)),
-      el("td", {}, a.outcome ? badge(a.outcome) : "–"), el("td", { class: "num" }, a.status_code ?? "–"),
-      el("td", {}, a.error || "")));
-    if (a.output !== undefined && a.output !== null) {
-      const out = typeof a.output === "string" ? a.output : JSON.stringify(a.output, null, 2);
-      rows.push(el("tr", { class: "output" }, el("td", {}), el("td", { colspan: 6 }, el("pre", {}, out))));
-    }
-  }
-  replaceRows($("#attempts tbody"), rows);
+  replaceRows($("#attempts tbody"), attempts.flatMap(attemptRows));
   $("#attempts-empty").hidden = attempts.length > 0;
   $("#attempts-section").hidden = !!r.tasks && !attempts.length;
   if (r.tasks) showTasks(r.tasks);
-  // Cancel and retry take DAG runs (POST /v1/runs/{id}:cancel, :retry).
-  const dagRun = !!r.tasks && !r.task_id;
-  $("#btn-cancel").hidden = !(dagRun && r.state === "running");
-  $("#btn-retry").hidden = !(dagRun && (r.state === "failed" || r.state === "cancelled"));
+  const can = runCommands(r);
+  $("#btn-cancel").hidden = !can.cancel;
+  $("#btn-retry").hidden = !can.retry;
   $("#run").hidden = false;
 }
 
-function runActions(id, reload) {
+function runActions(id, current, reload) {
   const act = async (label, action) => {
     $("#run-action-result").textContent = label + "…";
     const res = await api("POST", "/v1/runs/" + encodeURIComponent(id) + ":" + action);
+    // A refusal (409: the run is in no state for it) says why, in the API's words.
     $("#run-action-result").textContent = res.ok
-      ? label + ": " + (res.data.applied ? "done" : "sent") : label + " failed: " + problem(res);
+      ? label + ": " + (res.data.applied ? "done" : "sent") : label + " failed: " + problem(res, true);
     reload();
   };
   $("#btn-cancel").addEventListener("click", () => {
-    if (confirm("Cancel this run? Its running tasks are cancelled, the rest skipped.")) act("Cancel", "cancel");
+    const r = current();
+    const what = r && r.tasks
+      ? "Cancel this run? Its running tasks are cancelled, the rest skipped."
+      : "Cancel this run? Its attempt is stopped, and a result that comes after is ignored.";
+    if (confirm(what)) act("Cancel", "cancel");
   });
   $("#btn-retry").addEventListener("click", () => act("Retry", "retry"));
 }
@@ -570,7 +623,7 @@ function pageFailures() {
     if (!res.ok) return notice(problem(res), "error");
     replaceRows($("#failed-runs tbody"), res.data.runs.map((r) => el("tr", { "data-run-id": r.run_id },
       el("td", {}, runLink(r.run_id, when(r.scheduled_for))),
-      el("td", {}, jobLink(r.job_id, r.job_name || r.job_id)), el("td", {}, badge(r.state)),
+      el("td", {}, jobLink(r.job_id, r.job_name || r.job_id)), el("td", {}, runState(r)),
       el("td", { class: "num" }, r.attempt), el("td", {}, r.error || r.reason || ""))));
     $("#failures-empty").hidden = res.data.runs.length > 0;
     $("#failures-note").textContent = res.data.matched > res.data.runs.length
@@ -581,22 +634,56 @@ function pageFailures() {
   deadLetters();
 }
 
-async function deadLetters() {
-  const note = $("#dead-letters-note");
-  const res = await api("GET", "/v1/dead-letters");
-  if (res.status === 404 || res.status === 405) {
-    note.textContent = "This server has no dead-letter API yet (GET /v1/dead-letters), so dead " +
-      "letters are not shown here; they stay in the kron.dead-letters topic.";
-    return;
+// The tenant's dead letters (GET /v1/dead-letters), newest first, a page at a time by the
+// list's cursor: the first page is read again every 15 s until "More" is pressed. The page
+// size is `dl_limit` in the page's query (1..500, 50 if absent).
+function deadLetters() {
+  const table = $("#dead-letters"), note = $("#dead-letters-note"), more = $("#dead-letters-more");
+  const asked = Number(new URLSearchParams(location.search).get("dl_limit"));
+  const limit = Number.isInteger(asked) && asked >= 1 && asked <= 500 ? asked : 50;
+  let cursor = null, paged = false, latest = 0;
+  const load = async (next) => {
+    const mine = ++latest;
+    const q = new URLSearchParams({ limit: String(limit) });
+    if (next && cursor) q.set("cursor", cursor);
+    const res = await api("GET", "/v1/dead-letters?" + q.toString());
+    if (mine !== latest) return;  // a newer read is on its way
+    if (!res.ok) { note.textContent = problem(res); return; }
+    const rows = res.data.dead_letters.map(deadLetterRow);
+    if (next) table.tBodies[0].append(...rows); else replaceRows(table.tBodies[0], rows);
+    cursor = res.data.next_cursor;
+    more.hidden = !cursor;
+    const n = table.tBodies[0].children.length;
+    table.hidden = n === 0;
+    note.textContent = n ? "" : "None.";
+  };
+  more.addEventListener("click", () => { paged = true; load(true); });
+  every(15, () => { if (!paged) load(false); });
+}
+
+// One dead letter (api/routes/dead_letters.py's DeadLetter): when, what (a failure alert or
+// a refused command, and its error class), its job and run, the error, and for an alert its
+// output and for a command whether it was redriven.
+function deadLetterRow(d) {
+  const a = d.alert, c = d.command;
+  let job = "–", run = "–";
+  if (a) {
+    job = a.job_id ? jobLink(a.job_id, a.job_name || a.job_id) : "–";
+    if (a.run_id) {
+      run = el("span", {}, runLink(a.run_id, a.scheduled_for ? when(a.scheduled_for) : a.run_id),
+        a.task_id ? " task " + a.task_id : "", a.attempt ? " #" + a.attempt : "");
+    }
+  } else if (c && c.job_id) {
+    job = el("span", {}, jobLink(c.job_id, c.job_id));
   }
-  if (!res.ok) { note.textContent = problem(res); return; }
-  const items = (res.data && (res.data.dead_letters || res.data.items)) || [];
-  note.textContent = items.length ? "" : "None.";
-  const table = $("#dead-letters");
-  replaceRows(table.tBodies[0], items.map((d) => el("tr", {},
-    ...Object.entries(d).slice(0, 6).map(([k, v]) => el("td", {}, el("b", {}, k + ": "),
-      typeof v === "string" ? v : JSON.stringify(v))))));
-  table.hidden = !items.length;
+  const what = el("span", {}, el("span", { class: "badge kind-" + safeClass(d.kind) }, d.kind), " ",
+    el("code", {}, d.error_class), c ? el("span", { class: "muted" }, " " + c.name) : null);
+  const error = el("td", { class: "dl-error" }, d.error);
+  const out = a ? outputText(a.output) : null;
+  if (out !== null) error.append(el("details", {}, el("summary", {}, "output"), el("pre", {}, out)));
+  if (d.redriven) error.append(el("div", { class: "muted" }, "redriven " + when(d.redriven.at) + " as command " + d.redriven.command_id));
+  return el("tr", { "data-dl-id": d.id, class: "dead-letter kind-" + safeClass(d.kind) },
+    el("td", {}, when(d.occurred_at)), el("td", {}, what), el("td", {}, job), el("td", {}, run), error);
 }
 
 // --- start ----------------------------------------------------------------------------------

@@ -522,7 +522,8 @@ function showRun(r) {
     ["started", when(r.started_at)], ["finished", when(r.finished_at)],
     ["lateness", ms(r.lateness_ms)], ["status code", r.status_code ?? "–"],
     ["error", r.error || "–"], ["reason", r.reason || "–"]];
-  if (r.task_id) fields.push(["task", r.task_id + " of run " + r.run_id]);
+  // A task instance's commands are its DAG run's: a link there.
+  if (r.task_id) fields.push(["task", el("span", {}, r.task_id + " of run ", runLink(r.run_id))]);
   if (r.dst_outcome) fields.push(["DST", r.dst_outcome]);
   replaceRows($("#run-fields tbody"), fields.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))));
   const attempts = r.attempts || [];

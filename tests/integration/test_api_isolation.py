@@ -80,7 +80,7 @@ PROBES: dict[tuple[str, str], dict[str, Any]] = {
         "name": "pwned", "schedule": {"cron": "0 0 1 1 *"}, "target": {"url": "http://x.test/"}}},
 }
 LISTS = {("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/stats"),
-         ("GET", "/v1/dead-letters")}
+         ("GET", "/v1/dead-letters"), ("GET", "/v1/runs")}
 
 
 def test_the_probe_table_covers_every_endpoint(api_stack) -> None:
@@ -131,6 +131,10 @@ def test_lists_and_stats_show_only_the_callers_items(api_stack, world: World) ->
         cursored = globex.get("/v1/jobs", params={"cursor": world.job_id}).json()["jobs"]
         stats = globex.get("/v1/stats").json()["runs_by_state"]
         letters = globex.get("/v1/dead-letters").json()["dead_letters"]
+        # Runs across the caller's jobs: acme's run is not among them, in any state.
+        runs = globex.get("/v1/runs", params={"limit": 500}).json()["runs"]
+        succeeded = globex.get("/v1/runs", params={"state": "succeeded"}).json()["runs"]
+    assert world.run_id not in [r["run_id"] for r in runs + succeeded]
     assert world.own_job in listed and world.job_id not in listed
     assert by_name == []
     assert world.job_id not in [j["job_id"] for j in cursored]
@@ -138,6 +142,8 @@ def test_lists_and_stats_show_only_the_callers_items(api_stack, world: World) ->
     assert world.dl_id not in [d["id"] for d in letters]
     with api_stack.client("key-acme") as acme:
         assert acme.get("/v1/stats").json()["runs_by_state"]["succeeded"] >= 1
+        assert world.run_id in [r["run_id"] for r in acme.get(
+            "/v1/runs", params={"limit": 500}).json()["runs"]]
         assert world.own_job not in [j["job_id"] for j in acme.get(
             "/v1/jobs", params={"limit": 500}).json()["jobs"]]
 

@@ -9,7 +9,6 @@ the same events over the same state makes the same decisions.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 from collections import OrderedDict
@@ -250,6 +249,8 @@ class Context:
     # The tenants' turns so far in this tick's rounds (streams.engine.lanes): a tick's
     # chunks share out the due timers as one round would.
     fair: FairState | None = None
+    # The same for the slots decided ahead (fire-ahead), a round of their own.
+    fair_ahead: FairState | None = None
     effects: list[Effect] = field(default_factory=list)
     # Numbers the records one event writes, so each gets its own deterministic event id.
     seq: int = 0
@@ -829,23 +830,35 @@ class PartitionCore:
 
     def _fire_ahead(self, ctx: Context, *, room: int) -> tuple[list[tuple[bytes, bytes]], bool]:
         """Decide the eligible slots due in (now, now + fire_ahead]; their calls wait for
-        the due time in the executor. Everything else in the window (leases, retries, paced
-        runs, other overlap policies, paused jobs) is left for its due time."""
-        fired: list[tuple[bytes, bytes]] = []
+        the due time in the executor. The window is taken as a round of due timers is
+        (lanes.pick: tier by tier, a tier's tenants by weight, each lane in due order), so a
+        tenant's spike decided ahead does not put another tenant's slots, or a critical
+        one, behind it. Everything else in the window (leases, retries, paced runs, other
+        overlap policies, paused jobs) is left for its due time."""
         ahead_from = ctx.ahead_from
-        # Closed however this ends: a RocksDB iterator must not outlive the event (a
-        # rebalance may close the DB while a dead-letter send awaits).
-        with contextlib.closing(self.store.timers_in(
-                ctx.now_ms, ctx.now_ms + ctx.fire_ahead_ms, ahead_from)) as window:
-            for key, value in window:
-                prefix = cast(bytes, lane_prefix_of(key))
-                if len(fired) >= room:
-                    ahead_from[prefix] = key
-                    return fired, True
-                if self._fire_early(key, value, ctx):
-                    fired.append((key, value))
-                ahead_from[prefix] = key + b"\x00"  # the next key of the lane
-        return fired, False
+        window = self.store.lanes_in(ctx.now_ms, ctx.now_ms + ctx.fire_ahead_ms, ahead_from)
+        try:
+            # Only FIRE timers may be decided ahead: the tenants' tiers, and the legacy lane
+            # (keys from before lanes). Leases and held calls (the system lane), queued
+            # executions and housekeeping wait for their time without costing the round.
+            lanes = [(lane, reader) for lane, reader in window
+                     if Tier.CRITICAL <= lane.tier <= Tier.BATCH or lane == LEGACY_LANE]
+            if ctx.fair_ahead is None:
+                ctx.fair_ahead = FairState()
+            taken, more = pick(lanes, room, weight=self._weights, state=ctx.fair_ahead,
+                               rotation=ctx.now_ms)
+        finally:
+            # Closed however this ends: a RocksDB iterator must not outlive the event (a
+            # rebalance may close the DB while a dead-letter send awaits).
+            for _, reader in window:
+                reader.close()
+        fired: list[tuple[bytes, bytes]] = []
+        for key, value in taken:
+            if self._fire_early(key, value, ctx):
+                fired.append((key, value))
+            # The next chunk of the tick goes on from the lane's next key.
+            ahead_from[cast(bytes, lane_prefix_of(key))] = key + b"\x00"
+        return fired, more
 
     def _fire_early(self, key: bytes, value: bytes, ctx: Context) -> bool:
         tk = decode_timer_key(key)

@@ -214,6 +214,15 @@ def _merged(table: Any, partition: int, after_ms: int, until_ms: int,
     """Timers due in (after_ms, until_ms] of every lane, in due order (heapq.merge of the
     lanes whose floor is due by until_ms: an iterator each, reading the snapshot of its
     creation)."""
+    runs = lane_runs(table, partition, after_ms, until_ms, start)
+    yield from heapq.merge(*(run for _, run in runs), key=due_order)
+
+
+def lane_runs(table: Any, partition: int, after_ms: int, until_ms: int,
+              start: Mapping[bytes, bytes] | None
+              ) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
+    """Each lane's timers due in (after_ms, until_ms], in due order, lane by lane (an
+    iterator each, reading the snapshot of its creation)."""
     db = table.partition_db(partition)
     known = lanes(table, partition)
     runs = []
@@ -221,8 +230,9 @@ def _merged(table: Any, partition: int, after_ms: int, until_ms: int,
         lower = max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix)))
         if start and prefix in start:
             lower = max(lower, start[prefix])
-        runs.append(_lane_range(db.iter(), lower, due_bound(prefix, until_ms)))
-    yield from heapq.merge(*runs, key=due_order)
+        runs.append((lane_of_prefix(prefix),
+                     _lane_range(db.iter(), lower, due_bound(prefix, until_ms))))
+    return runs
 
 
 class TableTimerIndex:
@@ -423,3 +433,7 @@ class TableStore:
     def timers_in(self, after_ms: int, until_ms: int,
                   start: Mapping[bytes, bytes] | None = None) -> Generator[tuple[bytes, bytes]]:
         return _merged(self._timers, self._partition, after_ms, until_ms, start)
+
+    def lanes_in(self, after_ms: int, until_ms: int, start: Mapping[bytes, bytes] | None = None
+                 ) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
+        return lane_runs(self._timers, self._partition, after_ms, until_ms, start)

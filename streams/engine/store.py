@@ -148,6 +148,11 @@ class PartitionStore(Protocol):
         write timers while it iterates."""
         ...
 
+    def lanes_in(self, after_ms: int, until_ms: int, start: Mapping[bytes, bytes] | None = None
+                 ) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
+        """The timers timers_in gives, lane by lane: each lane's in due order."""
+        ...
+
 
 class MemoryStore:
     """A partition held in dicts plus a sorted key list for the time index.
@@ -241,6 +246,11 @@ class MemoryStore:
 
     def timers_in(self, after_ms: int, until_ms: int,
                   start: Mapping[bytes, bytes] | None = None) -> Generator[tuple[bytes, bytes]]:
+        runs = self.lanes_in(after_ms, until_ms, start)
+        yield from heapq.merge(*(run for _, run in runs), key=due_order)
+
+    def lanes_in(self, after_ms: int, until_ms: int, start: Mapping[bytes, bytes] | None = None
+                 ) -> list[tuple[Lane, Generator[tuple[bytes, bytes]]]]:
         keys, runs = self._keys, []
         for prefix, lo, hi in self._lanes():
             lower = due_bound(prefix, after_ms)
@@ -248,5 +258,11 @@ class MemoryStore:
                 lower = max(lower, start[prefix])
             first = bisect.bisect_left(keys, lower, lo=lo, hi=hi)
             end = bisect.bisect_left(keys, due_bound(prefix, until_ms), lo=lo, hi=hi)
-            runs.append([(k, self.timers[k]) for k in keys[first:end]])
-        yield from heapq.merge(*runs, key=due_order)
+            if end > first:
+                runs.append((lane_of_prefix(prefix), _each([(k, self.timers[k])
+                                                            for k in keys[first:end]])))
+        return runs
+
+
+def _each(items: list[tuple[bytes, bytes]]) -> Generator[tuple[bytes, bytes]]:
+    yield from items

@@ -771,15 +771,15 @@ def test_a_tick_deciding_ahead_in_chunks_resumes_where_the_last_chunk_stopped() 
     for i in range(50):
         p.create(f"once-{i}", run_at_ms=T0 + 2 * SEC + i)
     starts: list[dict[bytes, bytes]] = []
-    timers_in = p.store.timers_in
+    lanes_in = p.store.lanes_in
 
     def spy(after_ms: int, until_ms: int, start: dict[bytes, bytes] | None = None) -> Any:
         starts.append(dict(start or {}))
-        return timers_in(after_ms, until_ms, start)
+        return lanes_in(after_ms, until_ms, start)
 
     ctx = p._ctx()
     decided: list[Dispatch] = []
-    with mock.patch.object(p.store, "timers_in", spy):
+    with mock.patch.object(p.store, "lanes_in", spy):
         while True:
             effects, more = p.core.on_tick(ctx, limit=8)
             ctx.effects = []

@@ -402,3 +402,23 @@ def test_single_lane_round_is_due_order_and_more_is_exact() -> None:
     assert more and len(decided) == 50
     assert list(itertools.islice((d.job_id for d in decided), 3)) == [
         "A2-00000", "A2-00001", "A2-00002"]
+
+
+def test_slots_decided_ahead_are_taken_by_tier_and_tenant_too() -> None:
+    """Fire-ahead decides a window of slots before their time. It takes them as a round of
+    due timers: B's critical slots first, then the normal tier shared by tenant, so A's
+    spike decided ahead does not push B's slots behind it (they were in due and key
+    order, B's wherever their job ids fell among A's)."""
+    o = Owner()
+    due = T0 + 2 * SEC
+    o.one_offs("A", 3_000, due)
+    o.one_offs("B", 10, due, prefix="Bc", priority="critical")
+    o.one_offs("B", 10, due, prefix="Bn")
+    ctx = o.ctx(T0)
+    ctx.fire_ahead_ms = 3 * SEC
+    first = dispatches(o.core.on_tick(ctx, limit=32)[0])
+    assert len(first) == 32
+    assert [d.job_id[:2] for d in first[:10]] == ["Bc"] * 10
+    # Then the normal tier in equal turns: B's ten among the next twenty, A's the rest.
+    assert Counter(d.tenant for d in first[10:30]) == {"A": 10, "B": 10}
+    assert all(d.not_before_ms == due for d in first)  # held until their time

@@ -156,6 +156,12 @@ class Ticker:
             self._early[p] = due
             self._wake.set()
 
+    def others_due(self, partition: int, now_ms: int) -> bool:
+        """Another partition has timers due (or more than its last tick fired): a long
+        tick of this one would keep their slots waiting, whatever their tier."""
+        return any(p != partition and due is not None and due <= now_ms
+                   for p, due in self._next.items())
+
     def wake(self, partition: int) -> None:
         """Tick the partition now: a tenant with executions queued there has room."""
         if partition in self._next:

@@ -126,3 +126,54 @@ def test_an_attempt_cancelled_while_queued_is_never_called() -> None:
     arrivals = asyncio.run(run())
     assert sorted(arrivals) == ["hang"]
     assert [(r["exec_id"], r["error_class"]) for _, r in reports] == [("hang", "cancelled")]
+
+
+def test_a_held_spike_is_released_in_chunks_with_a_critical_call_first() -> None:
+    """5,000 of tenant A's calls and one of B's critical call held for the same time: the
+    runner's first call is B's (higher tiers first within a release bucket, RELEASE_CHUNK
+    a turn of the loop), and no call is made before its due time."""
+    from streams.domain.policies import Priority
+
+    calls: list[tuple[str, int, int]] = []  # (exec id, at ms, attempts still held)
+
+    class Recorder:
+        async def run(self, target: dict[str, Any], info: Any) -> Any:
+            from streams.targets import Outcome
+            calls.append((info.exec_id, clock.now_ms(), ex.held))
+            return Outcome(ok=True)
+
+    async def noop(*_: Any, **__: Any) -> None:
+        return None
+
+    async def run() -> None:
+        global ex
+        ex = Executor(runners={"http": Recorder()}, report=noop,  # type: ignore[dict-item]
+                      clock=clock, worker_id="w", concurrency=1)
+        ex.start()
+        puts: list[str] = []
+        put = ex._queue.put
+
+        def spy(tenant: str, job: Any, tier: str) -> None:
+            puts.append(job.dispatch.exec_id)
+            put(tenant, job, tier)
+
+        ex._queue.put = spy  # type: ignore[method-assign]
+        due = clock.now_ms() + 300
+        for i in range(5_000):
+            ex.submit(Dispatch(exec_id=f"a{i}", job_id="j", tenant="A", scheduled_for_ms=due,
+                               attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=due,
+                               target={"url": "http://x.invalid/"}), 0)
+        ex.submit(Dispatch(exec_id="b-critical", job_id="k", tenant="B", scheduled_for_ms=due,
+                           attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=due,
+                           target={"url": "http://x.invalid/"}, priority=Priority.CRITICAL), 0)
+        for _ in range(500):
+            if len(calls) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await ex.stop()
+        assert calls[0][0] == "b-critical", calls[:3]
+        assert all(at >= due for _, at, _ in calls)
+        # Queued first though submitted last (a bucket's higher tier first).
+        assert puts[0] == "b-critical" and len(puts) == 5_001
+
+    asyncio.run(run())

@@ -345,3 +345,16 @@ def test_a_partition_with_queued_executions_is_ticked_at_each_rescan_and_when_wo
     assert t._next == {3: 0, 4: None}
     t.wake(9)  # not ours: not made up
     assert 9 not in t._next
+
+
+def test_others_due_says_whether_another_partition_waits_for_its_tick() -> None:
+    """A tick keeps to a small budget while another partition has timers due
+    (PartitionDriver.SHARED_TICK_BUDGET), so partitions take turns in small rounds."""
+    engine = FlakyEngine()
+    t = ticker_for(engine)
+    t._next = {1: 900, 2: None, 3: 1_500}
+    assert t.others_due(2, now_ms=1_000)  # partition 1 is due
+    assert not t.others_due(1, now_ms=1_000)  # only itself; 3 not yet
+    assert t.others_due(1, now_ms=1_500)
+    t._next = {1: 0, 2: None}  # 0: its last tick left more due
+    assert t.others_due(2, now_ms=1) and not t.others_due(1, now_ms=1)

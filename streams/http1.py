@@ -64,7 +64,10 @@ class BadResponse(OSError):
 class Response:
     status: int
     retry_after: str | None
-    excerpt: bytes
+    excerpt: bytes  # the body's first bytes, at most the client's excerpt_bytes
+    # The status line's reason phrase (at most ~excerpt_bytes of it) and HTTP version.
+    reason: bytes = b""
+    version: str = "1.1"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -206,6 +209,7 @@ class Connection(asyncio.Protocol):
         self._framed = False  # a Content-Length or chunked body: EOF doesn't end it
         self._headers_done = False
         self._body = bytearray()
+        self._reason = b""
 
     # --- asyncio -------------------------------------------------------------------------
 
@@ -241,6 +245,11 @@ class Connection(asyncio.Protocol):
             # Bytes after the answer, in the same read: whatever they are, they'd be taken
             # for the next request's answer on a pooled connection.
             self.close()
+
+    def on_status(self, reason: bytes) -> None:
+        # Kept for the attempt's output; llhttp may hand a long phrase over in pieces.
+        if len(self._reason) < self._limit:
+            self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._headers_done:  # a trailer: the answer's headers are settled
@@ -287,7 +296,8 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             self.reusable = keep_alive and not self.closed and not self._head
             waiter.set_result(Response(status=self._status, retry_after=self._retry_after,
-                                       excerpt=bytes(self._body)))
+                                       excerpt=bytes(self._body), reason=self._reason,
+                                       version=self._parser.get_http_version()))
 
     def _fail(self, exc: Exception) -> None:
         waiter, self._waiter = self._waiter, None

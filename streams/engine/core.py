@@ -42,6 +42,7 @@ from streams.domain.timer import encode_timer_key as timer_key
 from streams.engine import backfill
 from streams.engine.lanes import EQUAL_WEIGHTS, FairState, LaneWeight, pick, tier_of
 from streams.engine.records import (
+    AttemptRecord,
     AttemptsFinishedReport,
     BackfillCommand,
     CancelRunCommand,
@@ -65,6 +66,7 @@ from streams.engine.records import (
 from streams.engine.runs import DagRuns, is_run, is_task, retry_of, task_target
 from streams.engine.spec import JobPlan, branch, plan_of
 from streams.engine.store import TERMINAL, PartitionStore, Record
+from streams.output import EXECUTION_OUTPUT_BUDGET, utf8_len
 
 # How late a slot may be found before misfire policy applies: covers tick and GC jitter,
 # not downtime.
@@ -1198,7 +1200,7 @@ class PartitionCore:
         ex["attempts"].append({
             "attempt": ex["attempt"], "fencing_token": ex["fencing_token"],
             "worker": ctx.worker, "started_at_ms": start, "finished_at_ms": None,
-            "outcome": None, "status_code": None, "error": None,
+            "outcome": None, "status_code": None, "error": None, "output": None,
         })
         self._lease(ex, lease_until, ctx)
         if start > ctx.now_ms:
@@ -1394,14 +1396,34 @@ class PartitionCore:
 
 def _close_attempt(ex: ExecutionRecord, rep: Mapping[str, Any], outcome: str) -> None:
     """Close the last attempt as `rep` says it ended: a report (lone or batched: not every
-    schema has every field read here), or the core's own verdict (a lease that expired)."""
-    last = ex["attempts"][-1]
+    schema has every field read here), or the core's own verdict (a lease that expired).
+    Its output (bounded by the executor) is kept; older attempts' outputs give way to it
+    past the execution's budget."""
+    attempts = ex["attempts"]
+    last = attempts[-1]
     last["finished_at_ms"] = rep.get("finished_at_ms")
     last["outcome"] = outcome
     last["status_code"] = rep.get("status_code")
     last["error"] = rep.get("error")
+    last["output"] = rep.get("output")
     if rep.get("started_at_ms"):
         last["started_at_ms"] = rep["started_at_ms"]
+    if len(attempts) > 1:  # a retry: the first attempt of most executions skips this
+        _drop_older_outputs(attempts)
+
+
+def _drop_older_outputs(attempts: list[AttemptRecord]) -> None:
+    """Keep the newest outputs within EXECUTION_OUTPUT_BUDGET bytes, newest always: every
+    write of the execution carries them all, and a record must stay well under the
+    broker's 1 MB (100 attempts of 4 KiB would be 400 KiB)."""
+    left = EXECUTION_OUTPUT_BUDGET - utf8_len(attempts[-1]["output"] or "")
+    for attempt in reversed(attempts[:-1]):
+        text = attempt["output"]
+        if text is None:
+            continue
+        left -= utf8_len(text)
+        if left < 0:
+            attempt["output"] = None
 
 
 def _discard(items: list[str], item: str) -> None:

@@ -201,6 +201,9 @@ class Connection(asyncio.Protocol):
         self.answered = False  # any byte of a response to the current request
         self._waiter: asyncio.Future[Response] | None = None
         self._head = False
+        # The server's HTTP version, read once per connection: it does not change on one,
+        # and httptools formats it afresh (str.format) at every call.
+        self._version: str | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -295,9 +298,12 @@ class Connection(asyncio.Protocol):
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             self.reusable = keep_alive and not self.closed and not self._head
+            version = self._version
+            if version is None:
+                version = self._version = self._parser.get_http_version()
             waiter.set_result(Response(status=self._status, retry_after=self._retry_after,
                                        excerpt=bytes(self._body), reason=self._reason,
-                                       version=self._parser.get_http_version()))
+                                       version=version))
 
     def _fail(self, exc: Exception) -> None:
         waiter, self._waiter = self._waiter, None

@@ -48,8 +48,31 @@ def tail(data: bytes, limit: int) -> str:
 def http(version: str, status: int, reason: bytes, body: bytes, limit: int) -> str:
     """`HTTP/1.1 200 OK`, a newline and the body's first bytes (the line alone for an empty
     body). The client reads at most `limit` bytes of the body, so this copies little."""
+    found = _lines.get((status, reason, version))
+    if found is None:
+        found = _status_line(version, status, reason)
+    text = found[1]
+    # The common answer: a seen ASCII line and a short ASCII body, one lookup and a decode.
+    if text is not None and body and len(text) + len(body) <= limit and body.isascii():
+        return text + body.decode("ascii")
+    return head(found[0] + b"\n" + body if body else found[0], limit)
+
+
+# Targets answer with a few status lines over and over: each is built once (bounded), with
+# the line and its newline as text when it is ASCII.
+_LINES_MAX: Final = 1024
+_REASON_KEPT: Final = 64
+_lines: dict[tuple[int, bytes, str], tuple[bytes, str | None]] = {}
+
+
+def _status_line(version: str, status: int, reason: bytes) -> tuple[bytes, str | None]:
     line = b"HTTP/%s %d %s" % (version.encode("ascii", "replace"), status, reason)
-    return head(line + b"\n" + body if body else line, limit)
+    found = (line, line.decode("ascii") + "\n" if line.isascii() else None)
+    if len(reason) <= _REASON_KEPT:  # a server's odd phrases don't fill the cache
+        if len(_lines) >= _LINES_MAX:
+            _lines.clear()
+        _lines[(status, reason, version)] = found
+    return found
 
 
 def kafka(topic: str, partition: int, offset: int, limit: int) -> str:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 from api.routes import responses
 from api.routes.render import run_detail
 from api.routes.runs import task_attempt
+from bench.receiver import Receiver
 from kron import jobs_cli
 from kron.clock import SystemClock
 from kron.settings import Settings
@@ -118,6 +120,18 @@ def test_http_output_is_the_status_line_then_the_body_start() -> None:
     assert output.http("1.0", 200, b"OK", b"x" * 100, 20) == "HTTP/1.0 200 OK\nxxxx"
 
 
+def test_http_output_of_any_line_and_body_stays_within_the_bound() -> None:
+    """Seen status lines are remembered (short reasons only); the answer is the same."""
+    for reason in (b"OK", b"Sehr Gut \xc3\xbc", b"\xff" * 10, b"R" * 500):
+        for body in (b"", b"ok", EURO.encode() * 5, b"\xfe" * 30, b"a" * 5000):
+            for limit in (0, 10, 20, 64, 4096):
+                text = output.http("1.1", 200, reason, body, limit)
+                assert nbytes(text) <= limit
+                line = b"HTTP/1.1 200 " + reason
+                assert text == output.head(line + b"\n" + body if body else line, limit)
+    assert all(len(reason) <= 64 for _, reason, _ in output._lines)
+
+
 def test_kafka_output_names_the_topic_partition_and_offset() -> None:
     assert output.kafka("acme.events", 3, 41, 100) == "topic acme.events partition 3 offset 41"
     assert nbytes(output.kafka("acme." + "x" * 300, 3, 41, 64)) == 64
@@ -206,6 +220,12 @@ async def serve() -> AsyncIterator[Serve]:
 def answer(status_line: bytes, body: bytes) -> bytes:
     return (status_line + b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
             + body)
+
+
+def test_the_receiver_answers_a_numbered_body() -> None:
+    with Receiver() as rcv, httpx.Client() as c:
+        r = c.get(f"{rcv.url}/body/503/25")
+    assert (r.status_code, r.content) == (503, b"body:01234567890123456789")
 
 
 async def http_run(url: str, output_bytes: int) -> Outcome:

@@ -40,6 +40,9 @@ from streams.reports import MAX_BATCH
 from streams.tables import KeyFloor, unlogged_writes
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a whole second
+# What a Kafka target's attempt reports as its output (streams.output.kafka), kept on the
+# attempt by the finish.
+OUTPUT = "topic bench.target partition 0 offset 123456"
 
 
 class Table:
@@ -115,7 +118,7 @@ def finish(part: Partition, dispatches: list[Dispatch], now_ms: int) -> None:
                   "scheduled_for_ms": d.scheduled_for_ms, "attempt": d.attempt,
                   "fencing_token": d.fencing_token, "ok": True, "started_at_ms": now_ms,
                   "finished_at_ms": now_ms + 2, "status_code": None, "error_class": None,
-                  "error": None, "retry_after_s": None, "response_excerpt": None}
+                  "error": None, "retry_after_s": None, "output": OUTPUT}
                  for d in dispatches[at:at + MAX_BATCH]]
         part.core().on_report("kron.executions.AttemptsFinished", {"results": items},
                               part.ctx(now_ms + 5))

@@ -18,6 +18,7 @@ hundred). Paths choose the behaviour:
   /retry-after/<seconds>  429 with Retry-After once per key, then 200
   /hold-first/<seconds>   holds the first request per key that long, answers others at once
   /reset                  closes the connection without an answer (recorded with status 0)
+  /body/<status>/<n>      <status> with an n-byte body: "body:" then digits, 0123456789...
   /kill-after-2xx/<tag>   200; right after the first response per key is written, SIGKILL
                           the process that made the call (the worker has the 2xx but has
                           not yet reported it)
@@ -137,16 +138,22 @@ def _http_hit(path: str, headers: dict[str, str], head: bytes, recv_ms: float,
                scheduled, recv_ms, 0, path, status, head)
 
 
-def _response(status: int, extra: dict[str, str]) -> bytes:
-    if status == 200 and not extra:
+def _response(status: int, extra: dict[str, str], body: bytes = b"ok") -> bytes:
+    if status == 200 and not extra and body == b"ok":
         return RESPONSE
     try:
         phrase = HTTPStatus(status).phrase
     except ValueError:
         phrase = "Status"
     head = "".join(f"{k}: {v}\r\n" for k, v in extra.items())
-    return (f"HTTP/1.1 {status} {phrase}\r\nContent-Length: 2\r\n"
-            f"Content-Type: text/plain\r\n{head}\r\nok").encode("latin-1")
+    return (f"HTTP/1.1 {status} {phrase}\r\nContent-Length: {len(body)}\r\n"
+            f"Content-Type: text/plain\r\n{head}\r\n").encode("latin-1") + body
+
+
+def numbered_body(n: int) -> bytes:
+    """/body's n bytes: its start and how far it got are easy to tell apart."""
+    digits = b"0123456789" * (n // 10 + 1)
+    return (b"body:" + digits)[:n]
 
 
 # --- which process holds a loopback connection --------------------------------------------
@@ -191,7 +198,7 @@ class KillEvent:
 
 # Paths with a behaviour: the first path segment. Any other path is answered 200 at once.
 BEHAVIOURS = frozenset({"status", "status-ra", "slow", "hang", "retry-after", "hold-first",
-                        "reset", "kill-after-2xx", "kill-on-arrival"})
+                        "reset", "kill-after-2xx", "kill-on-arrival", "body"})
 
 
 class Receiver:
@@ -324,7 +331,7 @@ class Receiver:
         n = self._counts[(path, key)]
         self._counts[(path, key)] = n + 1
         parts = path.strip("/").split("/")
-        status, delay, extra = 200, 0.0, {}
+        status, delay, extra, body = 200, 0.0, {}, b"ok"
         if kind == "reset":
             self.hits.append(_http_hit(path, headers, head, recv_ms, 0))
             return False
@@ -345,6 +352,8 @@ class Receiver:
             status, extra = 429, {"Retry-After": parts[1]}
         elif kind == "kill-on-arrival" and n == 0:
             delay = float(parts[1])
+        elif kind == "body":
+            status, body = int(parts[1]), numbered_body(int(parts[2]))
         peer = writer.get_extra_info("peername")
         peer_port = int(peer[1]) if peer else 0
         if kind == "kill-on-arrival":
@@ -353,7 +362,7 @@ class Receiver:
         self.hits.append(_http_hit(path, headers, head, recv_ms, status))
         if delay:
             await asyncio.sleep(delay)
-        writer.write(_response(status, extra))
+        writer.write(_response(status, extra, body))
         await writer.drain()
         if kind == "kill-after-2xx":
             self._kill_caller(peer_port, "after_2xx", key)

@@ -315,13 +315,43 @@ def runs(
 @jobs_app.command("run-get")
 def run_get(run_id: str, api: ApiUrl = DEFAULT_URL, key: ApiKey = None,
             as_json: AsJson = False) -> None:
-    """Show one run: its attempts, or a DAG run's tasks in dependency order."""
+    """Show one run: its attempts with their output, or a DAG run's tasks in dependency
+    order."""
     data = _call("GET", f"/v1/runs/{run_id}", api, key)
-    if as_json or data.get("tasks") is None:
+    if as_json:
         _show(data, as_json)
         return
     _show(data, as_json, [data], RUN_COLUMNS)
-    _show_tasks(data)
+    if data.get("tasks") is not None:
+        _show_tasks(data)
+        return
+    _show_attempts(data)
+
+
+ATTEMPT_COLUMNS = ("attempt", "outcome", "status_code", "started_at", "finished_at", "error")
+# A target's output is printed as it came except for what could steer a terminal: control
+# characters (escape sequences, a carriage return that overwrites a line) and format
+# characters (bidi overrides), shown as escapes instead. Newlines and tabs stay.
+_KEPT_CONTROLS = frozenset("\n\t")
+
+
+def safe_text(text: str) -> str:
+    """A target's output made safe to print (`\\x1b`, `\\u202e`, ...)."""
+    return "".join(c if c.isprintable() or c in _KEPT_CONTROLS
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _show_attempts(run: dict[str, Any]) -> None:
+    """The run's attempts as a table, then each attempt's output as it came (made safe to
+    print), newest last."""
+    table = Table(*ATTEMPT_COLUMNS, title=f"run {run['run_id']} attempts")
+    for a in run.get("attempts", ()):
+        table.add_row(*["" if a.get(c) is None else str(a[c]) for c in ATTEMPT_COLUMNS])
+    Console().print(table)
+    for a in run.get("attempts", ()):
+        if a.get("output") is not None:
+            sys.stdout.write(f"--- attempt {a['attempt']} output ---\n"
+                             f"{safe_text(a['output'])}\n")
 
 
 @runs_app.command("list")

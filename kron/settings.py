@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from streams.domain.commands import CommandRegistry
 from streams.domain.tenants import TenantQuotas, TenantTable
 from streams.domain.topics import TopicGrants
+from streams.output import DEFAULT_OUTPUT_BYTES, EXECUTION_OUTPUT_BUDGET
 
 # API keys are random high-entropy tokens, so one unsalted SHA-256 is enough: nobody can
 # brute-force a 192-bit preimage, and a salt or a slow KDF only helps low-entropy passwords.
@@ -153,6 +154,11 @@ class Settings(BaseSettings):
     # Attempts in flight per worker. A Kafka target holds its slot until the broker acks
     # (acks=all), so throughput per worker is at most this over the ack latency.
     executor_concurrency: int = Field(default=1024, ge=1, le=65_536)
+    # Each attempt keeps this many bytes of what its target gave back (streams/output.py):
+    # HTTP's status line and body start, a command's output tail, a Kafka record's
+    # partition and offset. 0 keeps none. At most 64 KiB, an execution's budget for all
+    # its attempts' outputs.
+    output_bytes: int = Field(default=DEFAULT_OUTPUT_BYTES, ge=0, le=EXECUTION_OUTPUT_BUDGET)
     # How often a worker logs its "engine stats" line.
     stats_every_s: float = Field(default=30.0, ge=0.1, le=3600)
     # Prometheus metrics (streams/metrics.py, api/metrics.py): the API serves /metrics on its

@@ -144,11 +144,14 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
         busy=lifecycle.results_may_wait,
         apply=driver.apply_results if settings.local_results else None)
     executor = Executor(
-        runners={"http": HttpRunner(allow_private=settings.allow_private_targets),
+        runners={"http": HttpRunner(allow_private=settings.allow_private_targets,
+                                    output_bytes=settings.output_bytes),
                  "command": CommandRunner(registry=driver.guard.commands,
                                           scratch_dir=settings.data_dir / "scratch",
-                                          user=settings.command_user),
-                 "kafka": KafkaRunner(lifecycle.publish, settings.topic_grants)},
+                                          user=settings.command_user,
+                                          output_bytes=settings.output_bytes),
+                 "kafka": KafkaRunner(lifecycle.publish, settings.topic_grants,
+                                      output_bytes=settings.output_bytes)},
         report=lifecycle.report, clock=lifecycle.clock, worker_id=settings.worker_id,
         concurrency=settings.executor_concurrency,
         before_dispatch=barrier.wait if settings.dispatch_barrier else None,

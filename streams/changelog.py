@@ -43,12 +43,14 @@ from typing import Any, Literal, cast
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from streams.changelog_child import frame, split_frames
+from streams.changelog_child import Published, frame, split_frames
 from streams.tasks import cancel_and_wait
 
 log = logging.getLogger("kron.changelog")
 
 TP = tuple[str, int]
+# Where a Kafka target's message was written: (partition, offset).
+Placed = tuple[int, int]
 Headers = list[tuple[str, bytes]] | None
 _Headers = list[tuple[str, str | bytes | None]]
 WriterKind = Literal["inline", "process"]
@@ -133,9 +135,10 @@ class Changelog:
         raise NotImplementedError
 
     def publish(self, topic: str, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> asyncio.Future[None]:
-        """A Kafka target's message: resolved when acked, failed (not fatal) if it can't be.
-        Not counted by the barrier. Keyed messages land where a Java producer puts them."""
+                headers: list[tuple[str, bytes]]) -> asyncio.Future[Placed]:
+        """A Kafka target's message: resolved when acked, to where it was written (the
+        attempt's output), failed (not fatal) if it can't be. Not counted by the barrier.
+        Keyed messages land where a Java producer puts them."""
         raise NotImplementedError
 
     def poll(self) -> None:
@@ -263,13 +266,13 @@ class ChangelogProducer(Changelog):
         self._count_in_flight()
 
     def publish(self, topic: str, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> asyncio.Future[None]:
+                headers: list[tuple[str, bytes]]) -> asyncio.Future[Placed]:
         producer = self._producer or self._start()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
 
-        def delivered(err: KafkaError | None, _msg: Any) -> None:
+        def delivered(err: KafkaError | None, msg: Any) -> None:
             self._in_flight -= 1
-            _resolve(fut, None if err is None else str(err))
+            _resolve(fut, None if err is None else str(err), (msg.partition(), msg.offset()))
 
         try:
             producer.produce(topic, value=value, key=key, headers=cast(_Headers, headers),
@@ -302,11 +305,12 @@ class ChangelogProducer(Changelog):
             await cancel_and_wait(self._pumping)
 
 
-def _resolve(fut: asyncio.Future[None], error: str | None) -> None:
+def _resolve(fut: asyncio.Future[Placed], error: str | None,
+             placed: Placed = (-1, -1)) -> None:
     if fut.done():
         return
     if error is None:
-        fut.set_result(None)
+        fut.set_result(placed)
     else:
         fut.set_exception(RuntimeError(error))
 
@@ -331,7 +335,7 @@ class ChildChangelogProducer(Changelog):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writes: list[tuple[Any, ...]] = []
         self._publishes: list[tuple[Any, ...]] = []
-        self._futures: dict[int, asyncio.Future[None]] = {}
+        self._futures: dict[int, asyncio.Future[Placed]] = {}
         self._token = 0
         self._send_scheduled = False
         self._out = bytearray()  # frames the child has not taken yet
@@ -392,8 +396,8 @@ class ChildChangelogProducer(Changelog):
                 f"a {size}-byte record is over message.max.bytes ({self._max_bytes})"))
 
     def publish(self, topic: str, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                headers: list[tuple[str, bytes]]) -> asyncio.Future[Placed]:
+        fut: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
         self._token += 1
         self._futures[self._token] = fut
         self._publishes.append((self._token, topic, key, value, headers))
@@ -456,14 +460,14 @@ class ChildChangelogProducer(Changelog):
             self._ended()
         self._settle()
 
-    def _apply(self, acked: dict[TP, list[int]], published: list[tuple[int, str | None]],
+    def _apply(self, acked: dict[TP, list[int]], published: list[Published],
                failure: str | None, closed: bool) -> None:
         for tp, (count, offset) in acked.items():
             self._ack(tp, count, offset)
-        for token, error in published:
+        for token, error, partition, offset in published:
             fut = self._futures.pop(token, None)
             if fut is not None:
-                _resolve(fut, error)
+                _resolve(fut, error, (partition, offset))
         if failure is not None:
             self._fail(failure)
         if closed and self._closed is not None and not self._closed.done():

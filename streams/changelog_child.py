@@ -17,7 +17,7 @@ Frames both ways are a 4-byte big-endian length and a pickle. The first frame in
 producer's config; then (writes, publishes, close) frames: writes are (topic, partition,
 key, value, headers), publishes (token, topic, key, value, headers). Out go
 (acked, published, failure, closed) reports: acked maps (topic, partition) to [count,
-last offset], published lists (token, error or None).
+last offset], published lists (token, error or None, partition, offset).
 
 The process ends when its input ends: at once (nothing flushed, as when a worker process
 dies with librdkafka's queue) unless a close frame came first, which flushes every write
@@ -48,6 +48,8 @@ POLL_S = 0.05
 CLOSE_TIMEOUT_S = 30.0
 
 TP = tuple[str, int]
+# A Kafka target's message as reported: (token, error or None, partition, offset).
+Published = tuple[int, str | None, int, int]
 
 
 def frame(obj: Any) -> bytes:
@@ -90,7 +92,7 @@ class Writer:
         self._out = out
         self._lock = threading.Lock()
         self._acked: dict[TP, list[int]] = {}
-        self._published: list[tuple[int, str | None]] = []
+        self._published: list[Published] = []
         self._failure: str | None = None
         self._stop = threading.Event()
 
@@ -106,9 +108,12 @@ class Writer:
             entry[1] = msg.offset()
 
     def _on_published(self, token: int) -> Any:
-        def delivered(err: KafkaError | None, _msg: Any) -> None:
+        def delivered(err: KafkaError | None, msg: Any) -> None:
             with self._lock:
-                self._published.append((token, None if err is None else str(err)))
+                if err is None:  # where it landed: the attempt's output
+                    self._published.append((token, None, msg.partition(), msg.offset()))
+                else:
+                    self._published.append((token, str(err), -1, -1))
         return delivered
 
     def report(self, *, closed: bool = False) -> None:
@@ -143,7 +148,7 @@ class Writer:
                               on_delivery=self._on_published(token))
             except KafkaException as exc:
                 with self._lock:
-                    self._published.append((token, f"publish refused: {exc}"))
+                    self._published.append((token, f"publish refused: {exc}", -1, -1))
 
     def _produce(self, topic: str, **kw: Any) -> None:
         while True:

@@ -427,11 +427,10 @@ class Executor:
         now = self._clock.now_ms()
         common = {"attempt": d.attempt, "fencing_token": d.fencing_token,
                   "started_at_ms": started, "finished_at_ms": now,
-                  "status_code": out.status_code}
+                  "status_code": out.status_code, "output": out.output}
         if out.ok:
             return "kron.executions.ExecutionSucceeded", {
-                **self._base(d, "execution.succeeded", now), **common,
-                "response_excerpt": out.excerpt}
+                **self._base(d, "execution.succeeded", now), **common}
         assert out.error_class is not None
         return "kron.executions.ExecutionFailed", {
             **self._base(d, "execution.failed", now), **common,

@@ -64,7 +64,10 @@ class BadResponse(OSError):
 class Response:
     status: int
     retry_after: str | None
-    excerpt: bytes
+    excerpt: bytes  # the body's first bytes, at most the client's excerpt_bytes
+    # The status line's reason phrase (at most ~excerpt_bytes of it) and HTTP version.
+    reason: bytes = b""
+    version: str = "1.1"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,6 +201,9 @@ class Connection(asyncio.Protocol):
         self.answered = False  # any byte of a response to the current request
         self._waiter: asyncio.Future[Response] | None = None
         self._head = False
+        # The server's HTTP version, read once per connection: it does not change on one,
+        # and httptools formats it afresh (str.format) at every call.
+        self._version: str | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -206,6 +212,7 @@ class Connection(asyncio.Protocol):
         self._framed = False  # a Content-Length or chunked body: EOF doesn't end it
         self._headers_done = False
         self._body = bytearray()
+        self._reason = b""
 
     # --- asyncio -------------------------------------------------------------------------
 
@@ -241,6 +248,11 @@ class Connection(asyncio.Protocol):
             # Bytes after the answer, in the same read: whatever they are, they'd be taken
             # for the next request's answer on a pooled connection.
             self.close()
+
+    def on_status(self, reason: bytes) -> None:
+        # Kept for the attempt's output; llhttp may hand a long phrase over in pieces.
+        if len(self._reason) < self._limit:
+            self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._headers_done:  # a trailer: the answer's headers are settled
@@ -286,8 +298,12 @@ class Connection(asyncio.Protocol):
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             self.reusable = keep_alive and not self.closed and not self._head
+            version = self._version
+            if version is None:
+                version = self._version = self._parser.get_http_version()
             waiter.set_result(Response(status=self._status, retry_after=self._retry_after,
-                                       excerpt=bytes(self._body)))
+                                       excerpt=bytes(self._body), reason=self._reason,
+                                       version=version))
 
     def _fail(self, exc: Exception) -> None:
         waiter, self._waiter = self._waiter, None

@@ -26,6 +26,11 @@ elsewhere (a rebalance moved it, or our lease lapsed) still travels as an event.
 A send that fails puts its results back in front of newer ones, and stop() sends what is
 left, including a batch cut short by the cancel (sent twice at worst: the owner ignores a
 result for an attempt it already closed).
+
+Results carry their attempts' output (up to KRON_OUTPUT_BYTES each), so a batch sent as an
+event is cut in halves until each record is at most MAX_SEND_BYTES, well within the
+broker's 1 MB message.max.bytes: 500 results of 4 KiB would be 2 MB. A batch applied here
+is never encoded, and is not cut.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ DEFER_S = 2.0
 DEFER_POLL_S = 0.05
 LEASE_MARGIN_S = 1.0
 RETRY_SEND_S = 0.5
+# Half the broker's default message.max.bytes, as api/batcher.py's CreateJobs.
+MAX_SEND_BYTES = 512 * 1024
 
 Send = Callable[[int, bytes], Awaitable[None]]
 # (partition, AttemptsFinished record) -> whether it was applied (see Engine).
@@ -68,7 +75,7 @@ def result_item(name: str, record: dict[str, Any]) -> dict[str, Any]:
         "error_class": None if ok else record["error_class"],
         "error": None if ok else record["error"],
         "retry_after_s": None if ok else record.get("retry_after_s"),
-        "response_excerpt": record.get("response_excerpt") if ok else None,
+        "output": record.get("output"),
     }
 
 
@@ -150,8 +157,7 @@ class ResultBatcher:
                     if self._apply is not None and await self._apply(partition, record):
                         self.applied += 1
                     else:
-                        await self._send(partition, codec.encode_trusted(
-                            ATTEMPTS_FINISHED, record))
+                        await self._send_record(partition, record)
                     del items[:len(chunk)]
                     self.batches += 1
                     self.results += len(chunk)
@@ -161,6 +167,21 @@ class ResultBatcher:
                     await asyncio.sleep(0)
         finally:
             self._put_back(pending)
+
+    async def _send_record(self, partition: int, record: dict[str, Any]) -> None:
+        """Send one AttemptsFinished, cut in halves (event ids `...:a`, `...:b`) while its
+        bytes are over MAX_SEND_BYTES. A half that fails leaves the whole chunk to be
+        sent again: the owner ignores the results it already applied."""
+        data = codec.encode_trusted(ATTEMPTS_FINISHED, record)
+        items = record["results"]
+        if len(data) <= MAX_SEND_BYTES or len(items) < 2:
+            await self._send(partition, data)
+            return
+        half = len(items) // 2
+        event_id = record["envelope"]["event_id"]
+        for suffix, some in (("a", items[:half]), ("b", items[half:])):
+            envelope = {**record["envelope"], "event_id": f"{event_id}:{suffix}"}
+            await self._send_record(partition, {"envelope": envelope, "results": some})
 
     def _put_back(self, unsent: dict[int, list[dict[str, Any]]]) -> None:
         for partition, items in unsent.items():

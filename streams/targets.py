@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import certifi
 
+from streams import output
 from streams.domain.commands import CommandRegistry, Resolved, Runtime
 from streams.domain.errors import PermanentError
 from streams.domain.retry import ErrorClass, classify_http_status, parse_retry_after
@@ -24,8 +25,6 @@ from streams.domain.topics import TopicGrants
 from streams.guard import LEGACY_COMMAND
 from streams.http1 import Http1Client
 from streams.netguard import IPAddress, Resolver, check_url, resolve_pinned, system_resolver
-
-EXCERPT_BYTES = 512
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,7 +34,8 @@ class Outcome:
     error: str = ""
     status_code: int | None = None
     retry_after_s: float | None = None
-    excerpt: str | None = None
+    # What the target gave back, bounded (streams.output); None: nothing came back.
+    output: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,8 +67,11 @@ class HttpRunner:
 
     def __init__(self, *, allow_private: bool, max_connections: int = 512,
                  max_per_host: int = 256, resolver: Resolver = system_resolver,
-                 verify: ssl.SSLContext | bool = True) -> None:
+                 verify: ssl.SSLContext | bool = True,
+                 output_bytes: int = output.DEFAULT_OUTPUT_BYTES) -> None:
         self._allow_private = allow_private
+        # The client keeps no more of a body than the output can hold (0: no output).
+        self._output_bytes = output_bytes
         self._max_connections = max_connections
         self._max_per_host = max_per_host
         self._resolver = resolver
@@ -81,7 +84,7 @@ class HttpRunner:
             self._http = Http1Client(
                 resolve=self._resolve, ssl_context=self._ssl,
                 max_connections=self._max_connections, max_per_host=self._max_per_host,
-                excerpt_bytes=EXCERPT_BYTES)
+                excerpt_bytes=self._output_bytes)
         return self._http
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
@@ -125,8 +128,10 @@ class HttpRunner:
         except OSError as exc:  # refused, reset, TLS, a response that isn't HTTP
             return Outcome(ok=False, error_class=ErrorClass.TRANSIENT,
                            error=f"{type(exc).__name__}: {exc}")
-        return _http_outcome(resp.status, resp.retry_after,
-                             resp.excerpt.decode("utf-8", "replace"), info.now_ms)
+        limit = self._output_bytes
+        text = (output.http(resp.version, resp.status, resp.reason, resp.excerpt, limit)
+                if limit else None)
+        return _http_outcome(resp.status, resp.retry_after, text, info.now_ms)
 
 
 def _add_dag(into: dict[str, Any], info: AttemptInfo, run_name: str, task_name: str) -> None:
@@ -149,12 +154,13 @@ def _ssl_context(verify: ssl.SSLContext | bool) -> ssl.SSLContext:
     return context
 
 
-def _http_outcome(status: int, retry_after: str | None, excerpt: str, now_ms: int) -> Outcome:
+def _http_outcome(status: int, retry_after: str | None, text: str | None,
+                  now_ms: int) -> Outcome:
     error_class = classify_http_status(status)
     if error_class is None:
-        return Outcome(ok=True, status_code=status, excerpt=excerpt)
+        return Outcome(ok=True, status_code=status, output=text)
     return Outcome(
-        ok=False, error_class=error_class, status_code=status, excerpt=excerpt,
+        ok=False, error_class=error_class, status_code=status, output=text,
         error=f"HTTP {status}", retry_after_s=parse_retry_after(retry_after, now_ms=now_ms))
 
 
@@ -169,9 +175,11 @@ class CommandRunner:
     KRON_COMMAND_USER, another user."""
 
     def __init__(self, *, registry: CommandRegistry, scratch_dir: Path,
-                 user: str | None = None) -> None:
+                 user: str | None = None,
+                 output_bytes: int = output.DEFAULT_OUTPUT_BYTES) -> None:
         self._registry = registry
         self._scratch = scratch_dir
+        self._output_bytes = output_bytes
         # Resolved once, at start: a user that does not exist stops the worker there.
         self._user = pwd.getpwnam(user) if user else None
 
@@ -205,11 +213,13 @@ class CommandRunner:
         except (OSError, ValueError) as exc:  # no such user, no Python: the host's set-up
             return _refused(f"could not start {resolved.command.name!r}: {exc}")
         assert proc.stdout is not None
+        kept = Tail(self._output_bytes)
         try:
-            out = await asyncio.wait_for(_tail(proc.stdout, EXCERPT_BYTES), resolved.timeout_s)
+            await asyncio.wait_for(kept.read(proc.stdout), resolved.timeout_s)
             await proc.wait()
         except TimeoutError:
-            return Outcome(ok=False, error_class=ErrorClass.TIMEOUT,
+            # What it wrote before the timeout is kept: it says where it was stuck.
+            return Outcome(ok=False, error_class=ErrorClass.TIMEOUT, output=kept.text(),
                            error=f"command {resolved.command.name!r} timed out after "
                                  f"{resolved.timeout_s:g}s; its process group was killed")
         finally:
@@ -218,12 +228,12 @@ class CommandRunner:
             _kill_group(proc.pid)
             if proc.returncode is None:
                 await asyncio.shield(proc.wait())
-        excerpt = out.decode("utf-8", "replace")
+        text = kept.text()
         if proc.returncode == 0:
-            return Outcome(ok=True, excerpt=excerpt)
+            return Outcome(ok=True, output=text)
         # 126/127: "cannot execute"/"not found" (also the sandbox's own exec failure).
         cls = ErrorClass.PERMANENT if proc.returncode in (126, 127) else ErrorClass.TRANSIENT
-        return Outcome(ok=False, error_class=cls, excerpt=excerpt,
+        return Outcome(ok=False, error_class=cls, output=text,
                        error=f"command {resolved.command.name!r} exited with "
                              f"{proc.returncode}")
 
@@ -237,13 +247,24 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def _tail(stream: asyncio.StreamReader, keep: int) -> bytes:
-    """The last ``keep`` bytes of everything the child writes, read to its end: a child
-    that prints gigabytes costs the worker ``keep`` bytes, not gigabytes."""
-    tail = b""
-    while chunk := await stream.read(65_536):
-        tail = (tail + chunk)[-keep:]
-    return tail
+class Tail:
+    """The last `keep` bytes of everything the child writes (stdout and stderr, one pipe,
+    in the order written), read to its end: a child that prints gigabytes costs the worker
+    `keep` bytes, not gigabytes. Kept outside the read, so a timeout still has them."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._data = b""
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        keep = self._keep
+        while chunk := await stream.read(65_536):
+            if keep:
+                self._data = (self._data + chunk)[-keep:]
+
+    def text(self) -> str | None:
+        """The tail as output (None with KRON_OUTPUT_BYTES=0)."""
+        return output.tail(self._data, self._keep) if self._keep else None
 
 
 # Run by the worker's own Python (-I: no environment variables, no user site; -S: no site)
@@ -298,10 +319,13 @@ class KafkaRunner:
     allows the attempt's tenant (streams/domain/topics.py): the check at create time may
     have been made under other grants, or skipped by a direct producer."""
 
-    def __init__(self, send: Any, grants: TopicGrants) -> None:
-        # send(topic, key, value, headers) -> awaitable that resolves when acked.
+    def __init__(self, send: Any, grants: TopicGrants,
+                 output_bytes: int = output.DEFAULT_OUTPUT_BYTES) -> None:
+        # send(topic, key, value, headers) -> awaitable that resolves when acked, to the
+        # record's (partition, offset) (or None where the sender can't tell).
         self._send = send
         self._grants = grants
+        self._output_bytes = output_bytes
 
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
         try:
@@ -314,9 +338,14 @@ class KafkaRunner:
                    "X-Kron-Scheduled-For": info.scheduled_for_iso}
         if info.run_id is not None:
             _add_dag(headers, info, "X-Kron-Run-Id", "X-Kron-Task-Id")
+        topic = target["topic"]
         try:
-            await self._send(target["topic"], target.get("key"), target.get("value"), headers)
+            where = await self._send(topic, target.get("key"), target.get("value"), headers)
         except Exception as exc:  # broker errors are worth a retry; the policy bounds them
             return Outcome(ok=False, error_class=ErrorClass.TRANSIENT,
                            error=f"publish failed: {type(exc).__name__}: {exc}")
-        return Outcome(ok=True)
+        if where is None or not self._output_bytes:
+            return Outcome(ok=True)
+        partition, offset = where
+        return Outcome(ok=True, output=output.kafka(topic, partition, offset,
+                                                    self._output_bytes))

@@ -267,9 +267,10 @@ class WorkerLifecycle:
                 log.debug("persisted offset not recorded for %s[%s]", topic, partition)
 
     async def publish(self, topic: str, key: bytes | None, value: bytes | None,
-                      headers: dict[str, str]) -> None:
-        await self.changelog.publish(topic, key, value,
-                                     [(k, v.encode()) for k, v in headers.items()])
+                      headers: dict[str, str]) -> tuple[int, int]:
+        """A Kafka target's record; returns its (partition, offset) once acked."""
+        return await self.changelog.publish(topic, key, value,
+                                            [(k, v.encode()) for k, v in headers.items()])
 
     async def report(self, partition: int, name: str, record: dict[str, Any], /, *,
                      wait_until_lease_ms: int | None = None) -> None:

@@ -73,7 +73,9 @@ def run_detail(ex: dict[str, Any]) -> dict[str, Any]:
     out = run_out(ex)
     out["attempts"] = [
         {**a, "started_at": iso(a["started_at_ms"]),
-         "finished_at": iso(a["finished_at_ms"]) if a["finished_at_ms"] else None}
+         "finished_at": iso(a["finished_at_ms"]) if a["finished_at_ms"] else None,
+         # A view projected before attempts kept their output has none.
+         "output": a.get("output")}
         for a in ex["attempts"]]
     out["status_code"] = ex["status_code"]
     return out

@@ -22,6 +22,14 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+OUTPUT_DOC = (
+    "what the target gave back, at most KRON_OUTPUT_BYTES bytes of UTF-8 (bytes that are "
+    "not UTF-8 read as U+FFFD): for HTTP the status line, a newline and the start of the "
+    "body; for a command the tail of its stdout and stderr; for a Kafka target the "
+    "partition and offset of its record. null when nothing came back (a timeout, a refused "
+    "connection), for attempts made before outputs were kept, and for older attempts of an "
+    "execution whose outputs passed 64 KiB in all")
+
 TaskState = Literal["pending", "running", "succeeded", "failed", "skipped", "upstream_failed",
                     "cancelled"]
 TriggerRule = Literal["all_success", "all_failed", "all_done", "one_success", "one_failed",
@@ -78,6 +86,7 @@ class Attempt(_Out):
     outcome: str | None
     status_code: int | None
     error: str | None
+    output: str | None = Field(description=OUTPUT_DOC)
     started_at: datetime
     finished_at: datetime | None
 
@@ -91,6 +100,7 @@ class TaskAttempt(_Out):
     outcome: str | None = Field(description="succeeded, or the failure's class")
     status_code: int | None
     error: str | None
+    output: str | None = Field(description=OUTPUT_DOC)
 
 
 class Task(_Out):

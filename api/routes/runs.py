@@ -165,7 +165,8 @@ def task_attempt(a: Mapping[str, Any]) -> dict[str, Any]:
     """`responses.TaskAttempt`."""
     return {"attempt": a["attempt"], "started_at": iso(a["started_at_ms"]),
             "finished_at": iso(a["finished_at_ms"]) if a["finished_at_ms"] else None,
-            "outcome": a["outcome"], "status_code": a["status_code"], "error": a["error"]}
+            "outcome": a["outcome"], "status_code": a["status_code"], "error": a["error"],
+            "output": a.get("output")}
 
 
 def _spec_tasks(views: Views, job_id: str) -> dict[str, dict[str, Any]]:

@@ -51,6 +51,7 @@ from streams.domain.timer import encode_timer_key as timer_key
 from streams.engine import backfill, retention
 from streams.engine.lanes import EQUAL_WEIGHTS, FairState, LaneWeight, pick, tier_of
 from streams.engine.records import (
+    AttemptRecord,
     AttemptsFinishedReport,
     BackfillCommand,
     CancelRunCommand,
@@ -75,6 +76,7 @@ from streams.engine.running_gate import CONCURRENCY_REASON, PartitionGate, ungat
 from streams.engine.runs import DagRuns, is_run, is_task, retry_of, task_target
 from streams.engine.spec import JobPlan, branch, plan_of
 from streams.engine.store import TERMINAL, PartitionStore, Record
+from streams.output import EXECUTION_OUTPUT_BUDGET, utf8_len
 
 # The reason a running execution shows while its call waits for its tenant's dispatch rate
 # in the worker (streams/executor.py reports it): the API shows such a run `queued`.
@@ -1369,7 +1371,7 @@ class PartitionCore:
         ex["attempts"].append({
             "attempt": ex["attempt"], "fencing_token": ex["fencing_token"],
             "worker": ctx.worker, "started_at_ms": start, "finished_at_ms": None,
-            "outcome": None, "status_code": None, "error": None,
+            "outcome": None, "status_code": None, "error": None, "output": None,
         })
         self._lease(ex, lease_until, ctx)
         if start > ctx.now_ms:
@@ -1581,16 +1583,36 @@ class PartitionCore:
 
 def _close_attempt(ex: ExecutionRecord, rep: Mapping[str, Any], outcome: str) -> None:
     """Close the last attempt as `rep` says it ended: a report (lone or batched: not every
-    schema has every field read here), or the core's own verdict (a lease that expired)."""
-    last = ex["attempts"][-1]
-    if ex["reason"] == HELD_REASON:  # called after all (its end came before the word)
+    schema has every field read here), or the core's own verdict (a lease that expired).
+    Its output (bounded by the executor) is kept; older attempts' outputs give way to it
+    past the execution's budget."""
+    attempts = ex["attempts"]
+    last = attempts[-1]
+    if ex.get("reason") == HELD_REASON:  # called after all (its end came before the word)
         ex["reason"] = None
     last["finished_at_ms"] = rep.get("finished_at_ms")
     last["outcome"] = outcome
     last["status_code"] = rep.get("status_code")
     last["error"] = rep.get("error")
+    last["output"] = rep.get("output")
     if rep.get("started_at_ms"):
         last["started_at_ms"] = rep["started_at_ms"]
+    if len(attempts) > 1:  # a retry: the first attempt of most executions skips this
+        _drop_older_outputs(attempts)
+
+
+def _drop_older_outputs(attempts: list[AttemptRecord]) -> None:
+    """Keep the newest outputs within EXECUTION_OUTPUT_BUDGET bytes, newest always: every
+    write of the execution carries them all, and a record must stay well under the
+    broker's 1 MB (100 attempts of 4 KiB would be 400 KiB)."""
+    left = EXECUTION_OUTPUT_BUDGET - utf8_len(attempts[-1]["output"] or "")
+    for attempt in reversed(attempts[:-1]):
+        text = attempt["output"]
+        if text is None:
+            continue
+        left -= utf8_len(text)
+        if left < 0:
+            attempt["output"] = None
 
 
 def _discard(items: list[str], item: str) -> None:

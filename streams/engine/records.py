@@ -69,6 +69,7 @@ class AttemptRecord(TypedDict):
     outcome: str | None  # an AttemptOutcome's value, as a plain str (see the module's note)
     status_code: int | None
     error: str | None
+    output: str | None  # what the target gave back, bounded (streams.output)
 
 
 class TaskProgressRecord(TypedDict):
@@ -223,7 +224,7 @@ class ExecutionSucceededReport(_AttemptReport):
     started_at_ms: int
     finished_at_ms: int
     status_code: int | None
-    response_excerpt: str | None
+    output: str | None
 
 
 class ExecutionFailedReport(_AttemptReport):
@@ -236,6 +237,7 @@ class ExecutionFailedReport(_AttemptReport):
     finished_at_ms: int
     status_code: int | None
     retry_after_s: float | None
+    output: str | None
 
 
 class ExecutionHeartbeatReport(_AttemptReport):
@@ -261,7 +263,7 @@ class AttemptResult(TypedDict):
     error_class: ErrorClass | None
     error: str | None
     retry_after_s: float | None
-    response_excerpt: str | None
+    output: str | None
 
 
 class AttemptsFinishedReport(TypedDict):

@@ -631,6 +631,47 @@ def _v2_execution_samples() -> list[Record]:
     return [*v1, run, task]
 
 
+# Outputs as targets give them back (streams.output): an HTTP status line and body start with
+# multi-byte text, a command's tail with a replacement character and control bytes, a Kafka
+# record's place.
+OUTPUT_HTTP = 'HTTP/1.1 503 Service Unavailable\n{"error": "überlastet", "retry": true}'
+OUTPUT_COMMAND = "\ufffd row 9 of 9\n\x1b[31merror\x1b[0m: disk full\r\n\x00"
+OUTPUT_KAFKA = "topic team.events partition 3 offset 41"
+
+
+def _output_report_samples() -> dict[tuple[str, int], list[Record]]:
+    """v2 of the attempt reports: `output` (the lone success's and the batched result's
+    replaces `response_excerpt`, which the core never kept)."""
+    v1 = _v1_samples()
+    succeeded = v1["kron.executions.ExecutionSucceeded"]
+    full = {k: v for k, v in succeeded[0].items() if k != "response_excerpt"}
+    batch = v1["kron.executions.AttemptsFinished"]
+    results = [{k: v for k, v in r.items() if k != "response_excerpt"}
+               for r in batch[0]["results"]]
+    failed = v1["kron.executions.ExecutionFailed"]
+    return {
+        ("kron.executions.ExecutionSucceeded", 2): [
+            {**full, "output": OUTPUT_KAFKA}, succeeded[1]],
+        ("kron.executions.ExecutionFailed", 2): [
+            {**failed[0], "output": OUTPUT_COMMAND}, failed[1],
+            {**failed[2], "output": OUTPUT_HTTP}],
+        ("kron.executions.AttemptsFinished", 2): [
+            {**batch[0], "results": [{**results[0], "output": "HTTP/1.1 200 OK\nok"},
+                                     {**results[1], "output": OUTPUT_HTTP},
+                                     {**results[1], "exec_id": "e3", "output": None}]},
+            batch[1]],
+    }
+
+
+def _v3_execution_samples() -> list[Record]:
+    """v3 of ExecutionState: each attempt's `output`."""
+    v2 = _v2_execution_samples()
+    first = {**v2[0], "attempts": [{**v2[0]["attempts"][0], "output": OUTPUT_HTTP},
+                                   {**v2[0]["attempts"][1], "output": None}]}
+    command = {**v2[-1], "attempts": [{**_attempt(1, done=True), "output": OUTPUT_COMMAND}]}
+    return [first, *v2[1:], command]
+
+
 # Samples are pinned per (name, version): a golden file records what that version's producers
 # wrote, so later versions add their own entries rather than editing these.
 SAMPLES: dict[tuple[str, int], list[Record]] = {
@@ -648,6 +689,8 @@ SAMPLES: dict[tuple[str, int], list[Record]] = {
     **_v4_job_samples(),
     **_v5_job_samples(),
     ("kron.executions.ExecutionState", 2): _v2_execution_samples(),
+    ("kron.executions.ExecutionState", 3): _v3_execution_samples(),
+    **_output_report_samples(),
     ("kron.commands.CancelRun", 1): [
         _command("run.cancel_requested", 1, full=True, run_id="exec-1", reason="operator"),
         _command("run.cancel_requested", 2, full=False, run_id="", reason=None),

@@ -308,6 +308,7 @@ ATTEMPTS = st.fixed_dictionaries(
         "outcome": _opt(TEXT),
         "status_code": _opt(INTS),
         "error": _opt(TEXT),
+        "output": _opt(TEXT),
     }
 )
 TASK_PROGRESS = st.fixed_dictionaries(

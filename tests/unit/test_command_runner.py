@@ -106,7 +106,7 @@ async def test_the_child_sees_a_minimal_environment_and_its_limits(
         {"command": "probe", "args": {"word": "hi; rm -rf $(pwd) | x"},
          "env": {"GREETING": "hello"}}, INFO)
     assert out.ok, out
-    text = out.excerpt or ""
+    text = out.output or ""
     raw_env = (tmp_path / "env.json").read_text()
     assert SECRET not in raw_env and SECRET not in text
     env = json.loads(raw_env)
@@ -180,7 +180,7 @@ async def test_another_tenant_is_refused(tmp_path: Path) -> None:
 async def test_a_program_that_does_not_exist_is_permanent(tmp_path: Path) -> None:
     out = await runner(tmp_path).run({"command": "missing"}, INFO)
     assert out.error_class is ErrorClass.PERMANENT
-    assert "exited with 127" in out.error and "cannot run" in (out.excerpt or "")
+    assert "exited with 127" in out.error and "cannot run" in (out.output or "")
 
 
 def test_the_runner_works_on_the_workers_uvloop(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_the_runner_works_on_the_workers_uvloop(tmp_path: Path) -> None:
         out = loop.run(runner(tmp_path).run(
             {"command": "probe", "args": {"word": "uv"}}, INFO))
     assert out.ok, out
-    assert "LIMITS 77 99 0" in (out.excerpt or "")
+    assert "LIMITS 77 99 0" in (out.output or "")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
@@ -206,8 +206,8 @@ def test_kron_command_user_runs_the_child_as_that_user(tmp_path: Path) -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop:
         out = loop.run(run.run({"command": "whoami"}, INFO))
     assert out.ok, out
-    assert f"uid={nobody.pw_uid}" in (out.excerpt or "")
-    assert f"gid={nobody.pw_gid}" in (out.excerpt or "")
+    assert f"uid={nobody.pw_uid}" in (out.output or "")
+    assert f"gid={nobody.pw_gid}" in (out.output or "")
 
 
 def test_an_unknown_command_user_stops_the_worker_at_start(tmp_path: Path) -> None:

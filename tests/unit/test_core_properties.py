@@ -506,7 +506,7 @@ class PartitionSim(RuleBasedStateMachine):
             return self._feed("report", "kron.executions.ExecutionHeartbeat", rec)
         times = {"started_at_ms": o.started_ms, "finished_at_ms": self.now}
         if outcome == "success":
-            rec = {**base, **times, "status_code": 200, "response_excerpt": "ok"}
+            rec = {**base, **times, "status_code": 200, "output": "ok"}
             return self._result("kron.executions.ExecutionSucceeded", rec, batched)
         error_class, status = {"503": ("transient", 503), "400": ("permanent", 400),
                                "timeout": ("timeout", None)}[outcome]

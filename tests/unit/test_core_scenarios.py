@@ -109,7 +109,7 @@ class Partition:
             return self.core.on_report("kron.executions.ExecutionHeartbeat", rec, self._ctx())
         rec.update(started_at_ms=self.now, finished_at_ms=self.now)
         if outcome == "success":
-            rec.update(status_code=200, response_excerpt=None)
+            rec.update(status_code=200, output=None)
             return self.core.on_report("kron.executions.ExecutionSucceeded", rec, self._ctx())
         rec.update(error_class=outcome, error=f"failed: {outcome}", final=False,
                    status_code=extra.get("status_code"),
@@ -580,7 +580,7 @@ def test_a_batch_of_results_applies_each_and_fences_the_stale_one() -> None:
     p.create("b", cron="0 * * * *")
     d1, d2 = sorted(dispatches(p.tick(T0 + 60 * MIN)), key=lambda d: d.job_id)
     common = {"started_at_ms": p.now, "finished_at_ms": p.now, "status_code": 200,
-              "response_excerpt": None}
+              "output": None}
 
     def item(d: Dispatch, token: int) -> Record:
         return result_item("kron.executions.ExecutionSucceeded", {

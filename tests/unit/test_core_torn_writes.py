@@ -152,7 +152,7 @@ def _success(d: Dispatch, now: int) -> Record:
         "exec_id": d.exec_id, "job_id": d.job_id, "scheduled_for_ms": d.scheduled_for_ms,
         "owner_epoch": 0, "attempt": d.attempt, "fencing_token": d.fencing_token,
         "started_at_ms": now, "finished_at_ms": now, "status_code": 200,
-        "response_excerpt": None,
+        "output": None,
     }
 
 

@@ -380,10 +380,10 @@ def test_a_dag_run_shows_its_tasks_in_dependency_order_with_their_attempts(
     assert by_id["b"]["attempts"] == [
         {"attempt": 1, "started_at": "2023-11-14T22:13:22.100Z",
          "finished_at": "2023-11-14T22:13:22.200Z", "outcome": "transient",
-         "status_code": 503, "error": "HTTP 503"},
+         "status_code": 503, "error": "HTTP 503", "output": None},
         {"attempt": 2, "started_at": "2023-11-14T22:13:24.000Z",
          "finished_at": "2023-11-14T22:13:24.100Z", "outcome": "permanent",
-         "status_code": 500, "error": "HTTP 500"}]
+         "status_code": 500, "error": "HTTP 500", "output": None}]
     assert [len(by_id[t]["attempts"]) for t in IN_ORDER] == [1, 2, 1, 0, 1]
     running = conforms(responses.RunDetail, client.get(f"/v1/runs/{RUN2}"), 200)
     assert [(t["task_id"], t["state"], len(t["attempts"])) for t in running["tasks"]] == [
@@ -523,7 +523,7 @@ def test_the_openapi_document_describes_tasks_and_run_commands(client: TestClien
     assert set(schemas["Task"]["properties"]) == {"task_id", "state", "depends_on",
                                                   "trigger_rule", "reason", "attempts"}
     assert set(schemas["TaskAttempt"]["properties"]) == {
-        "attempt", "started_at", "finished_at", "outcome", "status_code", "error"}
+        "attempt", "started_at", "finished_at", "outcome", "status_code", "error", "output"}
     assert "upstream_failed" in schemas["TaskCounts"]["properties"]
     assert "tasks" in schemas["Run"]["properties"]
 

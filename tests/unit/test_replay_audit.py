@@ -158,7 +158,7 @@ class Sim:
             rec = {**base, "lease_until_ms": self.now + int(d.lease_s * 1000)}
         elif outcome == "success":
             name = "kron.executions.ExecutionSucceeded"
-            rec = {**base, **times, "status_code": 200, "response_excerpt": "ok"}
+            rec = {**base, **times, "status_code": 200, "output": "ok"}
         else:
             error_class, status = {"503": ("transient", 503), "400": ("permanent", 400),
                                    "timeout": ("timeout", None)}[outcome]

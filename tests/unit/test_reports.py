@@ -44,7 +44,7 @@ def item(exec_id: str) -> dict[str, Any]:
     return {"exec_id": exec_id, "job_id": "j", "scheduled_for_ms": 0, "attempt": 1,
             "fencing_token": 1, "ok": True, "started_at_ms": 0, "finished_at_ms": 1,
             "status_code": 200, "error_class": None, "error": None, "retry_after_s": None,
-            "response_excerpt": ""}
+            "output": ""}
 
 
 async def settle(sink: Sink, within_s: float = 2.0) -> bool:

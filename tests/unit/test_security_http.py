@@ -261,14 +261,15 @@ def test_tls_certificate_for_another_name_is_refused(
 def test_outcomes_headers_and_timeout(server: Server) -> None:
     base = f"http://127.0.0.1:{server.port}"
     ok = run(HttpRunner(allow_private=True), f"{base}/ok")
-    assert ok == Outcome(ok=True, status_code=200, excerpt="")
+    assert ok == Outcome(ok=True, status_code=200, output="HTTP/1.1 200 OK")
     sent = server.headers[-1]
     assert (sent["Idempotency-Key"], sent["X-Kron-Job-Id"], sent["X-Kron-Attempt"],
             sent["X-Kron-Scheduled-For"], sent["X-Kron-Fencing-Token"]) == (
         "e1", "j1", "1", "2026-01-01T00:00:00Z", "1")
     busy = run(HttpRunner(allow_private=True), f"{base}/busy")
     assert busy == Outcome(ok=False, error_class=ErrorClass.TRANSIENT, status_code=503,
-                           error="HTTP 503", retry_after_s=7.0, excerpt="b" * 512)
+                           error="HTTP 503", retry_after_s=7.0,
+                           output="HTTP/1.1 503 Service Unavailable\n" + "b" * 2000)
     gone = run(HttpRunner(allow_private=True), f"{base}/gone")
     assert gone.error_class is ErrorClass.PERMANENT and gone.status_code == 404
 

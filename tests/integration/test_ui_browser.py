@@ -4,13 +4,15 @@ the real stack (the broker, a worker and `kron api` as processes, a loopback HTT
 One user story: sign in with tenant acme's key, create a cron job through the form, see its
 runs succeed on the job page, pause it, find it by its label, retry a failed DAG run, cancel
 a running plain run and retry a failed one from their pages (and see a refused command's
-reason), see the overview's counts and charts, and on the failures page a failed run and its
-failure alert among the dead letters, paged; then sign in as globex and see none of it.
+reason, and each attempt's output), see the overview's counts and charts, and on the
+failures page a failed run and its failure alerts among the dead letters, paged; then sign
+in as globex and see none of it.
 Along the way: hostile job names render as text, and no page breaks its Content-Security-
 Policy or throws.
 
 Screenshots of the pages go to the test's tmp dir; with KRON_UI_SCREENSHOT=1 to docs/img/
-(dashboard.png, the job page, is the README's)."""
+(dashboard.png, the job page, is the README's; dashboard-run.png a retried run's attempts
+and their output)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "docs" / "img"  # with KRON_UI_SCREENSHOT=1: the README's and the docs'
 
 HOSTILE = '<img src=x onerror="window.__xss=1">'
+FAILED_OUTPUT = "HTTP/1.1 500 Internal Server Error\nok"  # the receiver's /status/500
 
 
 def chromium_path() -> str:
@@ -188,6 +191,9 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         page.wait_for_selector("#run:not([hidden])")
         assert acme.text("#run-state") == "succeeded"
         assert "200" in acme.text("#attempts tbody")
+        # Its output (attempts[].output): the target's status line and the body's start.
+        expect(page.locator("#attempts tbody tr.output[data-attempt='1'] pre")).to_have_text(
+            "HTTP/1.1 200 OK\nok")
         # A succeeded run takes no command; a stale page's button is refused by the API
         # (409) and the page says why, in the API's words.
         assert page.is_hidden("#btn-retry") and page.is_hidden("#btn-cancel")
@@ -262,6 +268,10 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
         expect(page.locator("#attempts tbody tr.attempt")).to_have_count(2, timeout=60_000)
         expect(page.locator("#run-state")).to_have_text("failed")
         assert "500" in acme.text("#attempts tbody tr.attempt[data-attempt='2']")
+        for n in (1, 2):  # each attempt's output under it
+            expect(page.locator(f"#attempts tbody tr.output[data-attempt='{n}'] pre")
+                   ).to_have_text(FAILED_OUTPUT)
+        page.screenshot(path=str(shots / "dashboard-run.png"))
         hits = receiver.wait_for(failing, 2, 10)
         assert [h.attempt for h in hits] == [1, 2] and {h.key for h in hits} == {failed_run}
 
@@ -309,6 +319,7 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
             expect(row).to_contain_text("500")
             assert row.locator(f"a[href='/ui/runs/{failed_run}']").count() == 1
             assert row.locator(f"a[href='/ui/jobs/{failing}']").count() == 1
+            expect(row.locator("details pre")).to_have_text(FAILED_OUTPUT)  # folded
         assert page.is_hidden("#dead-letters-more")
         page.screenshot(path=str(shots / "dashboard-failures.png"))
         # Paged by the list's cursor: two at a time, newest first, none twice.

@@ -217,6 +217,8 @@ def test_a_tenant_creates_watches_and_pauses_a_job_and_another_sees_none_of_it(
                           "c": "node state-succeeded", "d": "node state-upstream_failed"}
         assert page.locator("#dag-graph line.edge").count() == 4
         assert "500" in acme.text("#tasks tbody tr[data-task-id='b']")
+        expect(page.locator("#tasks tbody tr[data-task-id='b'] details pre")).to_have_text(
+            "#1\n" + FAILED_OUTPUT)  # its attempt's output, folded
         page.screenshot(path=str(shots / "dashboard-dag.png"))
         # A failed DAG run can be retried from its page (b fails again), not cancelled.
         assert page.is_hidden("#btn-cancel")

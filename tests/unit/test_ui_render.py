@@ -110,6 +110,18 @@ def test_an_attempts_output_is_shown_under_it_as_text(page: Any) -> None:
     assert page.evaluate("outputText(undefined)") is None
 
 
+def test_a_dag_tasks_attempts_fold_their_outputs(page: Any) -> None:
+    attempts = [{"attempt": 1, "outcome": "http_5xx", "status_code": 500, "error": "HTTP 500",
+                 "output": "HTTP/1.1 500 Internal Server Error\n" + HOSTILE},
+                {"attempt": 2, "outcome": None, "status_code": None, "error": None,
+                 "output": None}]
+    cell = html(page, "taskAttempts", attempts)
+    assert cell["text"] == ("#1 http_5xx 500; #2 …" + "output"
+                            + "#1\nHTTP/1.1 500 Internal Server Error\n" + HOSTILE)
+    assert cell["imgs"] == 0 and "<details><summary>output</summary><pre>" in cell["html"]
+    assert html(page, "taskAttempts", attempts[1:])["text"] == "#2 …"  # nothing to fold
+
+
 def dead_letter(**fields: Any) -> dict[str, Any]:
     return {"id": "dl_" + "0" * 32, "kind": "alert", "error_class": "execution_failed",
             "error": "execution failed after 1 attempt(s): HTTP 500",

@@ -561,9 +561,18 @@ function showTasks(tasks) {
   dagGraph($("#dag-graph"), tasks);
   replaceRows($("#tasks tbody"), tasks.map((t) => el("tr", { "data-task-id": t.task_id },
     el("td", {}, t.task_id), el("td", {}, badge(t.state)), el("td", {}, (t.depends_on || []).join(", ")),
-    el("td", {}, t.trigger_rule || ""), el("td", {}, (t.attempts || []).map(
-      (a) => "#" + a.attempt + " " + (a.outcome || "…") + (a.status_code ? " " + a.status_code : "")).join("; ")),
+    el("td", {}, t.trigger_rule || ""), el("td", { class: "task-attempts" }, ...taskAttempts(t.attempts || [])),
     el("td", {}, t.reason || ""))));
+}
+
+// A task's attempts in its row: "#1 failed 500; #2 …", and their outputs folded beneath.
+function taskAttempts(attempts) {
+  const line = attempts.map(
+    (a) => "#" + a.attempt + " " + (a.outcome || "…") + (a.status_code ? " " + a.status_code : "")).join("; ");
+  const outs = attempts.filter((a) => outputText(a.output) !== null)
+    .map((a) => "#" + a.attempt + "\n" + outputText(a.output));
+  if (!outs.length) return [line];
+  return [line, el("details", {}, el("summary", {}, "output"), el("pre", {}, outs.join("\n\n")))];
 }
 
 // Tasks in columns by depth (the longest chain of dependencies before them), edges as lines.

@@ -44,7 +44,6 @@ from streams.domain.timer import (
     decode_timer_key,
     is_waiting,
     lane_prefix_of,
-    tenant_hash,
     tenant_lane,
 )
 from streams.domain.timer import encode_timer_key as timer_key
@@ -818,11 +817,9 @@ class PartitionCore:
         self._save_exec(ctx, ex, "execution.queued")
 
     def _wait_key(self, ex: ExecutionRecord, plan: JobPlan | None = None) -> bytes:
-        if plan is None:
-            job = self.store.job(ex["job_id"])
-            plan = None if job is None else self._plan(job)
-        tier = Tier.NORMAL if plan is None else tier_of(plan)
-        lane = Lane(WAITING_TIER + tier, tenant_hash(ex["envelope"]["tenant"]))
+        """A queued execution's WAIT timer: in the waiting lane of its own lane's tier."""
+        own = self._exec_lane(ex, plan)
+        lane = Lane(WAITING_TIER + own.tier, own.tenant)
         return timer_key(due_ms=ex["scheduled_for_ms"], kind=TimerKind.WAIT,
                          job_id=ex["job_id"], ref=ex["exec_id"], lane=lane)
 

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import heapq
 from collections import OrderedDict
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, cast
 
 from schemas import codec
@@ -124,6 +124,17 @@ def first_timer_key(table: Any, partition: int) -> bytes | None:
     """The earliest-due timer of a partition, or None: the lanes taken by their floors'
     due times (each a bound on the lane's), a seek each, until none can be earlier than
     the one found."""
+    return _earliest(table, partition, lambda known, db, prefix: _first_in_lane(
+        known, db.iter(), prefix, cast(bytes, known.get(prefix))))
+
+
+# A lane's first timer as one of _earliest's callers reads it: (lanes, db, prefix) -> key.
+LaneFirst = Callable[[LaneFloors, Any, bytes], bytes | None]
+
+
+def _earliest(table: Any, partition: int, first_in: LaneFirst) -> bytes | None:
+    """The earliest of the lanes' first timers (first_in), the lanes taken by their floors'
+    due times until none can be earlier than the one found; waiting lanes passed over."""
     known = lanes(table, partition)
     db = table.partition_db(partition)
     best: bytes | None = None
@@ -134,7 +145,7 @@ def first_timer_key(table: Any, partition: int) -> bytes | None:
                 break
             if _waiting(prefix):
                 continue
-            key = _first_in_lane(known, db.iter(), prefix, cast(bytes, known.get(prefix)))
+            key = first_in(known, db, prefix)
             if key is not None and (best is None
                                     or due_order((key, b"")) < due_order((best, b""))):
                 best, best_due = key, due_of(key)
@@ -155,24 +166,13 @@ def has_waiting_lanes(table: Any, partition: int) -> bool:
 def first_timer_after(table: Any, partition: int, after_ms: int) -> bytes | None:
     """The earliest timer due after `after_ms`, or None: a seek per lane at most, the
     lanes taken by their floors' due times until none can be earlier than the one found."""
-    known = lanes(table, partition)
-    db = table.partition_db(partition)
-    best: bytes | None = None
-    best_due = 0
-    with contextlib.closing(known.ascending()) as ascending:
-        for floor_due, prefix in ascending:
-            if best is not None and floor_due > best_due:
-                break
-            if _waiting(prefix):
-                continue
-            it = db.iter()
-            it.seek(max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix))))
-            key = bytes(it.key()) if it.valid() else None
-            if key is None or key >= lane_end(prefix):
-                continue
-            if best is None or due_order((key, b"")) < due_order((best, b"")):
-                best, best_due = key, due_of(key)
-    return best
+    def first_in(known: LaneFloors, db: Any, prefix: bytes) -> bytes | None:
+        it = db.iter()
+        it.seek(max(due_bound(prefix, after_ms), cast(bytes, known.get(prefix))))
+        key = bytes(it.key()) if it.valid() else None
+        return None if key is None or key >= lane_end(prefix) else key
+
+    return _earliest(table, partition, first_in)
 
 
 def fire_dues(table: Any, partition: int, after_ms: int, until_ms: int,

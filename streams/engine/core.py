@@ -1472,7 +1472,9 @@ class PartitionCore:
             beat = cast(ExecutionHeartbeatReport, rep)
             ex["lease_until_ms"] = max(ex["lease_until_ms"] or 0, beat["lease_until_ms"])
             # Its call waits in the worker (its tenant's dispatch rate), or no longer does.
-            held_for = beat.get("held_for")
+            # Only the one reason a worker gives: a record on kron.signals is no place for
+            # anything else to reach a run's `reason`.
+            held_for = HELD_REASON if beat.get("held_for") == HELD_REASON else None
             if held_for is not None or ex["reason"] == HELD_REASON:
                 ex["reason"] = held_for
             self._save_exec(ctx, ex, "execution.held" if held_for else "execution.heartbeat")

@@ -125,3 +125,18 @@ def test_the_core_records_the_held_reason_and_clears_it_when_called_or_done() ->
                                  status_code=200, response_excerpt=None), _ctx(5, T0 + 3100))
     ex = store.execution(d.exec_id)
     assert ex is not None and ex["state"] == "succeeded" and ex["reason"] is None
+
+
+def test_a_heartbeat_with_any_other_held_for_sets_no_reason() -> None:
+    store = MemoryStore()
+    core = PartitionCore(store)
+    core.create_new(job_id="j1", tenant="slow", command_id="c1",
+                    spec=spec(target={"url": "http://x.invalid/"}, run_at_ms=T0),
+                    idempotency_key=None, ctx=_ctx(0, T0 - 1000))
+    effects, _ = core.on_tick(_ctx(1, T0))
+    (d,) = [e for e in effects if isinstance(e, Dispatch)]
+    beat = "kron.executions.ExecutionHeartbeat"
+    core.on_report(beat, _report(d, beat, 2, lease_until_ms=T0 + 60_000,
+                                 held_for="<img src=x onerror=alert(1)>"), _ctx(2, T0 + 1000))
+    ex = store.execution(d.exec_id)
+    assert ex is not None and ex["reason"] is None and ex["lease_until_ms"] == T0 + 60_000

@@ -14,7 +14,11 @@ window). Every job is created as `CreateJobs` records of one tenant each, produc
 to kron.commands before its first slot; the tenant is the record's envelope's, which is
 how the worker assigns a job to its tenant's timer lane.
 
-Every target is the loopback HTTP receiver. Lateness is its receive time minus the
+Every target is a loopback HTTP receiver: A's the stack's (a thread of the bench
+process), B's one in a process of its own (bench.receiver.ReceiverProcess), as two teams'
+endpoints are apart. A shared one measured itself: at A's 3,000 calls a second its thread
+took ~0.9 of a core (more CPU than the worker), and B's requests waited in its sockets
+behind A's before their receive time was read. Lateness is the receive time minus the
 call's X-Kron-Scheduled-For. `lost` and `duplicates` are counted at the receiver, by
 Idempotency-Key (the execution id of each created slot, streams.domain.ids.exec_id),
 against every slot created; replay.audit's own verdict over kron.jobs and kron.executions
@@ -50,7 +54,7 @@ from confluent_kafka import KafkaError
 from bench.jobs import CommandSink, create_many_command, http_target, job_spec
 from bench.procfs import CLK_TCK
 from bench.progress import Bar
-from bench.receiver import Hit
+from bench.receiver import Hit, ReceiverProcess
 from bench.report import Result, log, rate, summary
 from bench.scenarios import (
     AUDIT_GRACE_MS,
@@ -181,7 +185,22 @@ class TenantSink(CommandSink):
                        "partition": partition, "on_delivery": delivered})
 
 
-def create(stack: Stack, groups: Sequence[Group], plan: Plan) -> dict[str, float]:
+@dataclass(frozen=True, kw_only=True)
+class Targets:
+    """Where each group's calls go: A's to the stack's receiver, B's to B's own."""
+
+    shared: Any  # bench.receiver.Receiver: .url, .hits
+    own: ReceiverProcess
+
+    def url(self, g: Group) -> str:
+        return str((self.shared if g.name == "a" else self.own).url)
+
+    def sources(self) -> tuple[Any, ...]:
+        return self.shared, self.own
+
+
+def create(stack: Stack, targets: Targets, groups: Sequence[Group],
+           plan: Plan) -> dict[str, float]:
     """Every group's jobs as CreateJobs records, then until the worker applied them all
     (one JobState each in kron.jobs); seconds to the last ack and to the last apply."""
     base, total = stack.count("jobs"), sum(g.jobs for g in groups)
@@ -190,7 +209,7 @@ def create(stack: Stack, groups: Sequence[Group], plan: Plan) -> dict[str, float
     try:
         with Bar("creating (acked by Kafka)", total, unit=" jobs") as bar:
             for g in groups:
-                spec = plan.spec(g, stack.receiver.url)
+                spec = plan.spec(g, targets.url(g))
                 jobs = ({"job_id": j, "idempotency_key": None, "spec": spec} for j in g.ids())
                 for partition, batch in group_by_partition(jobs, stack.partitions, size=BATCH):
                     sink.create_many_as(g.tenant, partition, batch)
@@ -230,7 +249,8 @@ def snap(stack: Stack) -> Snap:
     ticks = {n: t for n in workers
              if (t := main_thread_ticks(stack.workers[n].pid)) is not None}
     return Snap(at=time.monotonic(), cpu_s=stack.sampler.cpu_s(workers),
-                other_cpu_s=stack.sampler.cpu_s(["broker", "bench"]), loop_ticks=ticks)
+                other_cpu_s=stack.sampler.cpu_s(["broker", "bench", "b-receiver"]),
+                loop_ticks=ticks)
 
 
 @dataclass(kw_only=True)
@@ -244,20 +264,20 @@ class Phase:
     seen: dict[str, Deliveries] = field(default_factory=dict)  # by group name
     drained: bool = False
     snaps: dict[str, Snap] = field(default_factory=dict)  # start, last_call, quiet
-    upto: int = 0  # the receiver's calls filed so far
+    upto: dict[int, int] = field(default_factory=dict)  # each receiver's calls filed so far
 
 
 def fire_ahead_s(stack: Stack) -> float:
     return float(stack.worker_env.get("KRON_FIRE_AHEAD_S", stack.settings.fire_ahead_s))
 
 
-def run_phase(stack: Stack, phase: Phase) -> Phase:
+def run_phase(stack: Stack, targets: Targets, phase: Phase) -> Phase:
     """Creates the phase's jobs, waits for its slots and drains its calls."""
     total = sum(g.jobs for g in phase.groups)
     log(f"{phase.name}: creating {total:,} jobs ("
         + ", ".join(f"{g.tenant} {g.name} {g.jobs:,}" for g in phase.groups)
         + f"), first slot {datetime.fromtimestamp(phase.plan.origin_ms / 1000, UTC):%T}")
-    phase.setup = create(stack, phase.groups, phase.plan)
+    phase.setup = create(stack, targets, phase.groups, phase.plan)
     phase.setup["margin_ms"] = phase.plan.origin_ms - now_ms()
     log(f"{phase.name}: {total:,} jobs applied in {phase.setup['applied_s']} s "
         f"(acked in {phase.setup['acked_s']} s), {phase.setup['margin_ms']} ms before the "
@@ -269,31 +289,33 @@ def run_phase(stack: Stack, phase: Phase) -> Phase:
     sleep_until(phase.plan.origin_ms - fire_ahead_s(stack) * 1000 - 500, stack)
     phase.snaps["start"] = snap(stack)
     sleep_until(phase.plan.end_ms(phase.groups), stack)
-    phase.drained = drain_groups(stack, phase)
+    phase.drained = drain_groups(targets, phase)
     phase.snaps["last_call"] = snap(stack)
     wait_quiet(stack, quiet_s=1.0, timeout_s=60.0)  # the last results, applied
     phase.snaps["quiet"] = snap(stack)
     return phase
 
 
-def collect(hits: list[Hit], phase: Phase) -> int:
-    """Files the receiver's new calls under their groups (by path, as Deliveries.update
+def collect(sources: Sequence[Any], phase: Phase) -> int:
+    """Files the receivers' new calls under their groups (by path, as Deliveries.update
     does by job-id prefix); the phase's executions seen so far."""
     by_path = {g.path: phase.seen[g.name] for g in phase.groups}
-    end = len(hits)
-    for h in hits[phase.upto:end]:
-        seen = by_path.get(h.path)
-        if seen is None:
-            continue
-        seen.per_attempt[(h.key, h.attempt)] += 1
-        seen.deliveries[h.key] += 1
-        if h.key not in seen.first or h.recv_ms < seen.first[h.key].recv_ms:
-            seen.first[h.key] = h
-    phase.upto = end
+    for i, source in enumerate(sources):
+        hits: list[Hit] = source.hits
+        end = len(hits)
+        for h in hits[phase.upto.get(i, 0):end]:
+            seen = by_path.get(h.path)
+            if seen is None:
+                continue
+            seen.per_attempt[(h.key, h.attempt)] += 1
+            seen.deliveries[h.key] += 1
+            if h.key not in seen.first or h.recv_ms < seen.first[h.key].recv_ms:
+                seen.first[h.key] = h
+        phase.upto[i] = end
     return sum(len(s.first) for s in phase.seen.values())
 
 
-def drain_groups(stack: Stack, phase: Phase, quiet_s: float = 8.0) -> bool:
+def drain_groups(targets: Targets, phase: Phase, quiet_s: float = 8.0) -> bool:
     """Until the receiver saw every slot of the phase; False if it gave up: at a timeout,
     or when no new call came for `quiet_s`."""
     phase.seen = {g.name: Deliveries() for g in phase.groups}
@@ -302,7 +324,7 @@ def drain_groups(stack: Stack, phase: Phase, quiet_s: float = 8.0) -> bool:
     count, since = -1, time.monotonic()
     with Bar(f"{phase.name}: calls", expected, unit=" calls") as bar:
         while time.monotonic() < deadline:
-            n = collect(stack.receiver.hits, phase)
+            n = collect(targets.sources(), phase)
             bar.update(n)
             if n >= expected:
                 return True
@@ -311,7 +333,7 @@ def drain_groups(stack: Stack, phase: Phase, quiet_s: float = 8.0) -> bool:
             elif time.monotonic() - since >= quiet_s:
                 break
             time.sleep(0.1)
-    log(f"[yellow]warning:[/yellow] {phase.name}: the receiver saw {count:,} of "
+    log(f"[yellow]warning:[/yellow] {phase.name}: the receivers saw {count:,} of "
         f"{expected:,} calls")
     return False
 
@@ -516,13 +538,15 @@ def noisy(*, a_jobs: int, b_jobs: int, steady: bool, seconds: int, a_rate: int, 
                                         b=b_rate if steady else b_jobs, seconds=window)
     env = {"KRON_STATS_EVERY_S": STATS_EVERY_S, **(worker_env or {})}
     with Stack(partitions=partitions, worker_env=env,
-               broker_warmup_s=broker_warmup_s) as stack:
+               broker_warmup_s=broker_warmup_s) as stack, ReceiverProcess() as own:
+        stack.sampler.track("b-receiver", own.pid)
+        targets = Targets(shared=stack.receiver, own=own)
         start_workers(stack, workers)
         stack.mark()
         done = []
         for name, groups in (("alone", alone_groups), ("noisy", noisy_groups)):
             phase = Phase(name=name, groups=groups, plan=plan_for(groups, window))
-            done.append(run_phase(stack, phase))
+            done.append(run_phase(stack, targets, phase))
         stack.mark_end()
         ended_s = time.time()
         time.sleep(1.5)  # the last changelog writes reach Kafka after the calls they caused

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import signal
 import threading
@@ -41,6 +42,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
+from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -381,6 +383,80 @@ class Receiver:
                 os.kill(pid, signal.SIGKILL)
             self.kills.append(KillEvent(point=point, pid=pid, key=key,
                                         at_ms=time.time_ns() // 1_000_000))
+
+
+class ReceiverProcess:
+    """A Receiver in a process of its own (multiprocessing, spawned): one tenant's target
+    whose receive times do not wait behind another tenant's calls in the bench process's
+    receiver (its one event loop, and the GIL it shares with the bench). Reading `hits`
+    brings over the hits the process saw since the last read."""
+
+    def __init__(self) -> None:
+        self._hits: list[Hit] = []
+        self._conn: Connection | None = None
+        self._proc: Any = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return int(self._proc.pid) if self._proc is not None else 0
+
+    @property
+    def hits(self) -> list[Hit]:
+        if self._conn is not None:
+            self._conn.send(len(self._hits))
+            self._hits.extend(self._conn.recv())
+        return self._hits
+
+    def start(self) -> ReceiverProcess:
+        ctx = multiprocessing.get_context("spawn")  # the bench has threads: no fork
+        ours, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_receive_in_process, args=(theirs,),
+                                 name="bench-receiver", daemon=True)
+        self._proc.start()
+        theirs.close()
+        if not ours.poll(30):
+            self._proc.kill()
+            raise RuntimeError("the receiver process did not start")
+        self.port = ours.recv()
+        self._conn = ours
+        return self
+
+    def stop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+            conn.close()
+        if self._proc is not None:
+            self._proc.join(5)
+            if self._proc.is_alive():
+                self._proc.kill()
+
+    def __enter__(self) -> ReceiverProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _receive_in_process(conn: Connection) -> None:
+    """ReceiverProcess's child: serves until told None (or the pipe closes); each other
+    message is how many hits the parent has, answered with the rest."""
+    with Receiver(keep_heads=False) as receiver:
+        conn.send(receiver.port)
+        while True:
+            try:
+                upto = conn.recv()
+            except EOFError:
+                return
+            if upto is None:
+                return
+            conn.send(receiver.hits[upto:])
 
 
 class KafkaReceiver:

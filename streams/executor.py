@@ -13,10 +13,9 @@ import functools
 import heapq
 import itertools
 import logging
-import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
@@ -43,11 +42,27 @@ THROTTLED_BEAT_EVERY_S = 1.0
 # An attempt held back that long for its tenant's rate is reported held (a heartbeat with
 # `held_for`): its run shows `queued`, reason "dispatch rate", until it is called.
 HELD_NOTICE_S = 1.0
-# Held attempts are released into the queue by buckets of this width (up to this early:
-# the runner waits out the rest), a bucket's higher tiers first, RELEASE_CHUNK per turn of
-# the event loop.
-HOLD_BUCKET_S = 0.02
+# Held attempts are released into the queue by buckets of this width (of their due times,
+# wall clock), when the bucket's earliest is due (the later ones up to this early: the
+# runner waits out the rest), a bucket's higher tiers first, RELEASE_CHUNK per turn of the
+# event loop.
+HOLD_BUCKET_MS = 20
 RELEASE_CHUNK = 512
+
+@dataclass(kw_only=True, slots=True)
+class HoldBucket:
+    """Held attempts due within one HOLD_BUCKET_MS: released together, when the earliest
+    of them is due (`due`, monotonic), each tier's tenants in turn."""
+
+    due: float
+    turns: dict[tuple[int, str], int] = field(default_factory=dict)  # (tier rank, tenant)
+
+    def turn(self, rank: int, tenant: str) -> int:
+        """The tenant's next turn in its tier: its first attempt 0, its second 1, ..."""
+        n = self.turns.get((rank, tenant), 0)
+        self.turns[(rank, tenant)] = n + 1
+        return n
+
 
 class Reporter(Protocol):
     """Sends a record to the partition's own signals. `wait_until_lease_ms`, given with a
@@ -94,13 +109,18 @@ class Executor:
             owned_partitions=owned_partitions)
         self._concurrency = concurrency
         self._tasks: list[asyncio.Task[None]] = []
-        self._inflight: dict[str, asyncio.Task[Outcome]] = {}
+        # Attempts whose call is under way, by the runner task making it; `_cancelling`:
+        # those the engine cancelled (cancel), told apart from a stop's cancel (_attempt).
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
+        self._cancelling: set[str] = set()
         # Attempts decided ahead of their slot, by release time (monotonic); cancelled ones
         # leave `_held_ids` and are dropped when their turn comes.
         # (release bucket start, tier rank, seq, job): see _hold.
-        self._held: list[tuple[float, int, int, Job]] = []
+        self._held: list[tuple[int, int, int, int, Job]] = []
         self._held_ids: dict[str, Job] = {}
         self._held_seq = itertools.count()
+        # The buckets held attempts wait in (see _hold).
+        self._buckets: dict[int, HoldBucket] = {}
         self._release_at: asyncio.TimerHandle | None = None
         self._unconfirmed: list[Job] = []
         self._confirm = asyncio.Event()
@@ -126,6 +146,7 @@ class Executor:
             self._release_at.cancel()
         self._held.clear()
         self._held_ids.clear()
+        self._buckets.clear()
         await cancel_and_wait(*self._tasks)
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
@@ -140,22 +161,37 @@ class Executor:
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job, dispatch.priority)
             return
-        self._hold(job, mono + hold_s)
+        self._hold(job, mono + hold_s, dispatch.not_before_ms)
         if self._before_dispatch is not None:
             self._unconfirmed.append(job)
             self._confirm.set()
 
-    def _hold(self, job: Job, release: float) -> None:
-        """Queue the attempt at `release` (monotonic), not before; a cancel drops it."""
-        # Released by HOLD_BUCKET_S buckets, higher tiers first within one: a spike of a
-        # tenant's calls held for the same second must not be queued before another's
-        # critical call due with it (the runner still waits for the exact time: _run).
-        bucket = math.floor(release / HOLD_BUCKET_S) * HOLD_BUCKET_S
-        heapq.heappush(self._held, (bucket, job.dispatch.priority.rank, next(self._held_seq),
-                                    job))
+    def _hold(self, job: Job, release: float, due_ms: int) -> None:
+        """Queue the attempt at `release` (monotonic: its due time `due_ms` on the wall
+        clock), not before; a cancel drops it."""
+        # Released by HOLD_BUCKET_MS buckets, higher tiers first within one and a tier's
+        # tenants in turn: a spike of a tenant's calls held for the same second must not be
+        # queued before another's calls due with it (the runner still waits for the exact
+        # time: _run). In turn, as the queue's weights then apply to what is in it: in
+        # submit order, a small tenant's normal calls came in the spike's last chunks.
+        # Buckets of the due time, not of `release`: that carries the wall clock's
+        # millisecond floor, so calls due at the same ms fell on both sides of a bucket's
+        # edge, each second alike when the second's edge was near one (kron bench noisy:
+        # a tenant's critical calls went after another's 2,700 normal ones, 60-100 ms
+        # late). A bucket goes when its earliest is due, not at its start: released early,
+        # a second's calls all slept to their time in the runners and woke in the timer
+        # heap's order, not their tiers'.
+        key, rank = due_ms // HOLD_BUCKET_MS, job.dispatch.priority.rank
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = HoldBucket(due=release)
+        turn = bucket.turn(rank, job.dispatch.tenant)
+        heapq.heappush(self._held, (key, rank, turn, next(self._held_seq), job))
         self._held_ids[job.dispatch.exec_id] = job
-        if self._held[0][3] is job:
-            self._schedule_release()
+        if release < bucket.due or self._held[0][4] is job:
+            bucket.due = min(bucket.due, release)
+            if self._held[0][0] == key:
+                self._schedule_release()
 
     async def _confirm_held(self) -> None:
         """Pass the durability barrier for held attempts while they wait, one barrier for
@@ -175,8 +211,11 @@ class Executor:
     def _schedule_release(self) -> None:
         if self._release_at is not None:
             self._release_at.cancel()
-        delay = max(0.0, self._held[0][0] - self._clock.monotonic())
+        delay = max(0.0, self._released_at(self._held[0][0]) - self._clock.monotonic())
         self._release_at = asyncio.get_running_loop().call_later(delay, self._release)
+
+    def _released_at(self, bucket: int) -> float:
+        return self._buckets[bucket].due
 
     def _release(self) -> None:
         """Queue the held attempts whose time has come, RELEASE_CHUNK at a time: the
@@ -185,15 +224,17 @@ class Executor:
         self._release_at = None
         now = self._clock.monotonic()
         for _ in range(RELEASE_CHUNK):
-            if not self._held or self._held[0][0] > now:
+            if not self._held or self._released_at(self._held[0][0]) > now:
                 break
-            job = heapq.heappop(self._held)[3]
+            bucket, _rank, _turn, _seq, job = heapq.heappop(self._held)
+            if not self._held or self._held[0][0] != bucket:
+                del self._buckets[bucket]
             exec_id = job.dispatch.exec_id
             if self._held_ids.get(exec_id) is job:
                 del self._held_ids[exec_id]
                 self._queue.put(job.dispatch.tenant, job, job.dispatch.priority)
         else:
-            if self._held and self._held[0][0] <= now:
+            if self._held and self._released_at(self._held[0][0]) <= now:
                 loop = asyncio.get_running_loop()
                 self._release_at = loop.call_later(0, self._release)
                 return
@@ -205,7 +246,9 @@ class Executor:
             return  # not called yet, and now never
         task = self._inflight.get(exec_id)
         if task is not None:
-            task.cancel()
+            if exec_id not in self._cancelling:
+                self._cancelling.add(exec_id)
+                task.cancel()
             return
         self._cancelled[exec_id] = None  # maybe queued: never called either
         if len(self._cancelled) > CANCELLED_MAX:
@@ -256,6 +299,11 @@ class Executor:
     def queue_depths(self) -> dict[str, int]:
         """Attempts due and waiting for a runner or their tenant's rate, per tenant."""
         return self._queue.depths()
+
+    def releases_within(self, seconds: float) -> bool:
+        """Attempts held for their due time are released within `seconds`."""
+        return bool(self._held) and (self._released_at(self._held[0][0])
+                                     <= self._clock.monotonic() + seconds)
 
     @property
     def held(self) -> int:
@@ -361,7 +409,7 @@ class Executor:
         if release + d.lease_s / 3 > job.lease_deadline:
             job.lease_deadline = release + d.lease_s
             await self._beat(job, wait_s + d.lease_s)
-        self._hold(job, release)
+        self._hold(job, release, self._clock.now_ms() + int(wait_s * 1000))
 
     async def _attempt(self, job: Job, started_ms: int) -> Outcome:
         d = job.dispatch
@@ -371,29 +419,39 @@ class Executor:
                            scheduled_for_iso=_iso(d.scheduled_for_ms), attempt=d.attempt,
                            fencing_token=d.fencing_token, now_ms=started_ms,
                            run_id=d.run_id, task_id=d.task_id)
-        task = asyncio.ensure_future(self.runners[kind].run(d.target, info))
-        self._inflight[d.exec_id] = task
+        # The call runs in this runner's task, not a task of its own: that cost a task and
+        # a turn of the loop before each request went out, so at the top of a second the
+        # first calls (the highest tier's) waited for every runner's step before theirs.
+        # The engine's cancel cancels this task (cancel, marked in _cancelling).
+        me = asyncio.current_task()
+        assert me is not None
+        self._inflight[d.exec_id] = me
         # Most attempts end long before their first heartbeat is due: a timer handle costs
         # far less than a heartbeat task per attempt.
         beats: list[asyncio.Task[None]] = []
         later = asyncio.get_running_loop().call_later(
             d.lease_s / 3, lambda: beats.append(asyncio.ensure_future(self._heartbeat(job))))
         try:
-            return await task
+            return await self.runners[kind].run(d.target, info)
         except asyncio.CancelledError:
-            # Only the engine's cancel (the attempt's own task) is an outcome. When the pool
-            # itself is cancelled (stop), this task is "cancelling": swallowing that left the
-            # pool task waiting on the queue and a SIGTERM'd worker hung in its stop, still
-            # holding its partitions in the group.
-            current = asyncio.current_task()
-            if task.cancelled() and (current is None or not current.cancelling()):
-                return Outcome(ok=False, error_class=ErrorClass.CANCELLED, error="cancelled")
+            # Only the engine's cancel is an outcome. When the pool itself is cancelled
+            # (stop), the task stays "cancelling": swallowing that left the pool task
+            # waiting on the queue and a SIGTERM'd worker hung in its stop, still holding
+            # its partitions in the group.
+            if d.exec_id in self._cancelling:
+                self._cancelling.discard(d.exec_id)
+                if me.uncancel() == 0:
+                    return Outcome(ok=False, error_class=ErrorClass.CANCELLED,
+                                   error="cancelled")
             raise
         finally:
             later.cancel()
             for beat in beats:
                 beat.cancel()
             self._inflight.pop(d.exec_id, None)
+            if d.exec_id in self._cancelling:  # cancelled as the call ended: not raised
+                self._cancelling.discard(d.exec_id)
+                me.uncancel()
 
     async def _heartbeat(self, job: Job) -> None:
         """Long attempts extend their lease at a third of its length."""

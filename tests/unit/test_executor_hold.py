@@ -177,3 +177,108 @@ def test_a_held_spike_is_released_in_chunks_with_a_critical_call_first() -> None
         assert puts[0] == "b-critical" and len(puts) > 1
 
     asyncio.run(run())
+
+
+class Clock:
+    """now_ms and monotonic set apart, as the wall clock's ms floor and the monotonic clock
+    are in a worker."""
+
+    def __init__(self, now_ms: int, mono: float) -> None:
+        self.ms, self.mono = now_ms, mono
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def monotonic(self) -> float:
+        return self.mono
+
+
+def held_executor(c: Clock) -> tuple[Executor, list[str]]:
+    """An executor with no runners started: what its release puts in the queue, in order."""
+    async def noop(*_: Any, **__: Any) -> None:
+        return None
+
+    ex = Executor(runners={}, report=noop, clock=c, worker_id="w")
+    puts: list[str] = []
+    put = ex._queue.put
+
+    def spy(tenant: str, job: Any, tier: str) -> None:
+        puts.append(job.dispatch.exec_id)
+        put(tenant, job, tier)
+
+    ex._queue.put = spy  # type: ignore[method-assign,assignment]
+    return ex, puts
+
+
+def one(exec_id: str, tenant: str, due: int, priority: Any = None) -> Dispatch:
+    extra = {} if priority is None else {"priority": priority}
+    return Dispatch(exec_id=exec_id, job_id="j", tenant=tenant, scheduled_for_ms=due,
+                    attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=due,
+                    target={"url": "http://x.invalid/"}, **extra)
+
+
+def release_all(ex: Executor, c: Clock, at: float) -> None:
+    c.mono = at
+    for _ in range(100):
+        ex._release()
+        if not ex.held:
+            return
+
+
+def test_calls_due_at_the_same_ms_share_a_bucket_whatever_their_release_estimate() -> None:
+    """The release time carries the wall clock's ms floor: two calls due at the same ms,
+    submitted half a ms apart, got release times 2.5 ms apart and, across a bucket edge
+    of the monotonic clock, B's critical call went after all 600 of A's normal ones."""
+    from streams.domain.policies import Priority
+
+    async def run() -> None:
+        c = Clock(now_ms=1_000, mono=0.0)
+        ex, puts = held_executor(c)
+        due = 1_019  # A's release: 0.019 s, under the 0.020 edge
+        for i in range(600):
+            ex.submit(one(f"a{i}", "A", due), 0)
+        c.mono = 0.0025  # the monotonic clock moved on; the wall clock's ms had not
+        ex.submit(one("b", "B", due, Priority.CRITICAL), 0)  # release 0.0205
+        release_all(ex, c, 0.03)
+        assert puts[0] == "b", puts[:3]
+        assert len(puts) == 601
+
+    asyncio.run(run())
+
+
+def test_a_bucket_releases_each_tiers_tenants_in_turn() -> None:
+    """A's 1,000 normal calls submitted before B's 3 at the same due time: B's are among
+    the first six released, so the queue's weights apply to them at once (in submit order
+    they came in the spike's second chunk)."""
+    async def run() -> None:
+        c = Clock(now_ms=0, mono=0.0)
+        ex, puts = held_executor(c)
+        for i in range(1_000):
+            ex.submit(one(f"a{i}", "A", 500), 0)
+        for i in range(3):
+            ex.submit(one(f"b{i}", "B", 500), 0)
+        assert not ex.releases_within(0.4) and ex.releases_within(0.5)
+        release_all(ex, c, 0.5)
+        assert {"b0", "b1", "b2"} <= set(puts[:6]), puts[:6]
+        assert [p for p in puts if p.startswith("a")] == [f"a{i}" for i in range(1_000)]
+        assert not ex.releases_within(10.0)
+
+    asyncio.run(run())
+
+
+def test_a_bucket_goes_when_its_earliest_call_is_due_not_at_its_start() -> None:
+    """Released at the bucket's start, calls slept out the rest in their runners and woke in
+    the timer heap's order; at its earliest due time none need to."""
+    async def run() -> None:
+        c = Clock(now_ms=0, mono=0.0)
+        ex, puts = held_executor(c)
+        ex.submit(one("x", "A", 517), 0)  # bucket [500, 520)
+        ex.submit(one("y", "A", 505), 0)
+        c.mono = 0.5049
+        ex._release()
+        assert puts == []
+        c.mono = 0.505
+        ex._release()
+        assert puts == ["x", "y"] or puts == ["y", "x"]
+
+    asyncio.run(run())

@@ -370,8 +370,21 @@ def group_figures(g: Group, seen: Deliveries, plan: Plan,
     }
     if out["time_to_last_ms"]:
         out["executions_per_s"] = rate(len(hits), out["time_to_last_ms"] / 1000)
+    out["worst_slots"] = worst_slots(hits, plan)
     out.update(breakdown(hits, decided))
     return out
+
+
+def worst_slots(hits: Sequence[Hit], plan: Plan, top: int = 3) -> list[dict[str, Any]]:
+    """The slots (seconds since the first) whose calls were latest, with how many of the
+    slot's calls were over 20 ms: a p99 over 60 slots is made of one or two of them."""
+    by_slot: dict[int, list[float]] = {}
+    for h in hits:
+        by_slot.setdefault(h.scheduled_ms, []).append(h.recv_ms - h.scheduled_ms)
+    worst = sorted(by_slot.items(), key=lambda kv: max(kv[1]), reverse=True)[:top]
+    return [{"slot_s": round((slot - plan.origin_ms) / 1000, 3),
+             "max_ms": round(max(late), 1), "over_20_ms": sum(v > 20 for v in late),
+             "calls": len(late)} for slot, late in worst]
 
 
 def breakdown(hits: Sequence[Any], decided: dict[str, Decision]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import functools
 import heapq
 import itertools
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -83,6 +83,8 @@ class Job:
     queued_at: float = 0.0  # monotonic: when it went into the queue
     # Reported held for its tenant's rate: told again when it is called.
     held_noticed: bool = False
+    # Counted in Executor._held_urls while held (decided ahead, an HTTP target).
+    hold_counted: bool = False
 
 
 class Executor:
@@ -121,6 +123,11 @@ class Executor:
         self._held_seq = itertools.count()
         # The buckets held attempts wait in (see _hold).
         self._buckets: dict[int, HoldBucket] = {}
+        # HTTP attempts held, per origin (scheme://host:port as written): their connections
+        # are opened while they wait (_warm); `_to_warm`: a URL of each origin held to
+        # since the last time.
+        self._held_origins: Counter[str] = Counter()
+        self._to_warm: dict[str, str] = {}
         self._release_at: asyncio.TimerHandle | None = None
         self._unconfirmed: list[Job] = []
         self._confirm = asyncio.Event()
@@ -147,6 +154,7 @@ class Executor:
         self._held.clear()
         self._held_ids.clear()
         self._buckets.clear()
+        self._held_origins.clear()
         await cancel_and_wait(*self._tasks)
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
@@ -162,6 +170,14 @@ class Executor:
             self._queue.put(dispatch.tenant, job, dispatch.priority)
             return
         self._hold(job, mono + hold_s, dispatch.not_before_ms)
+        url = dispatch.target.get("url")
+        if isinstance(url, str):
+            job.hold_counted = True
+            origin = _origin(url)
+            self._held_origins[origin] += 1
+            if not self._to_warm:
+                asyncio.get_running_loop().call_soon(self._warm)
+            self._to_warm[origin] = url
         if self._before_dispatch is not None:
             self._unconfirmed.append(job)
             self._confirm.set()
@@ -229,6 +245,8 @@ class Executor:
             bucket, _rank, _turn, _seq, job = heapq.heappop(self._held)
             if not self._held or self._held[0][0] != bucket:
                 del self._buckets[bucket]
+            if job.hold_counted:
+                self._unheld(_origin(job.dispatch.target["url"]))
             exec_id = job.dispatch.exec_id
             if self._held_ids.get(exec_id) is job:
                 del self._held_ids[exec_id]
@@ -240,6 +258,22 @@ class Executor:
                 return
         if self._held:
             self._schedule_release()
+
+    def _unheld(self, origin: str) -> None:
+        left = self._held_origins[origin] - 1
+        if left > 0:
+            self._held_origins[origin] = left
+        else:
+            del self._held_origins[origin]
+
+    def _warm(self) -> None:
+        """Have the HTTP runner open connections for the calls held to each origin held to
+        since the last time (all of them, not only the new ones: they may go at once)."""
+        batch, self._to_warm = self._to_warm, {}
+        warm = getattr(self.runners.get("http"), "warm", None)
+        if warm is not None:
+            warm({url: n for origin, url in batch.items()
+                  if (n := self._held_origins.get(origin, 0))})
 
     def cancel(self, exec_id: str) -> None:
         if self._held_ids.pop(exec_id, None) is not None:
@@ -497,6 +531,12 @@ class Executor:
 
 
 @functools.lru_cache(maxsize=1024)
+def _origin(url: str) -> str:
+    """scheme://authority of an absolute URL, as written (cheaper than parsing it)."""
+    end = url.find("/", url.find("//") + 2)
+    return url if end < 0 else url[:end]
+
+
 def _iso(ms: int) -> str:
     """X-Kron-Scheduled-For and KRON_SCHEDULED_FOR: the instant as kron.timefmt renders it,
     with the `+00:00` offset targets have always received (a target's parser may not take

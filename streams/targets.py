@@ -97,6 +97,20 @@ class HttpRunner:
             await self._http.close()
             self._http = None
 
+    def warm(self, calls: dict[str, int]) -> None:
+        """`calls[url]` calls are due at once to each URL, later: open their connections
+        now (Http1Client.warm). A URL the call itself would refuse is not dialled."""
+        ok: dict[str, int] = {}
+        for url, n in calls.items():
+            try:
+                check_url(url, allow_private=self._allow_private, resolve=False)
+                self._client().url(url)
+            except (PermanentError, ValueError):
+                continue
+            ok[url] = n
+        if ok:
+            self._client().warm(ok)
+
     async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
         try:
             # No DNS here: the name is resolved once, checked and pinned at connect time.

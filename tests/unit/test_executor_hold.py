@@ -282,3 +282,36 @@ def test_a_bucket_goes_when_its_earliest_call_is_due_not_at_its_start() -> None:
         assert puts == ["x", "y"] or puts == ["y", "x"]
 
     asyncio.run(run())
+
+
+def test_held_http_calls_have_their_connections_opened_while_they_wait() -> None:
+    """What the executor asks of its HTTP runner's warm: every call held to an origin (both
+    paths together), again when more are held; nothing once they are released."""
+    asks: list[dict[str, int]] = []
+
+    class Warm:
+        def warm(self, calls: dict[str, int]) -> None:
+            asks.append(dict(calls))
+
+    async def run() -> None:
+        async def noop(*_: Any, **__: Any) -> None:
+            return None
+
+        c = Clock(now_ms=0, mono=0.0)
+        ex = Executor(runners={"http": Warm()}, report=noop,  # type: ignore[dict-item]
+                      clock=c, worker_id="w")
+        for i, path in enumerate(["a", "b", "a"]):
+            ex.submit(Dispatch(exec_id=f"e{i}", job_id="j", tenant="t", scheduled_for_ms=500,
+                               attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=500,
+                               target={"url": f"http://h.example:81/{path}"}), 0)
+        await asyncio.sleep(0)
+        assert len(asks) == 1 and list(asks[0].values()) == [3]
+        ex.submit(Dispatch(exec_id="e3", job_id="j", tenant="t", scheduled_for_ms=500,
+                           attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=500,
+                           target={"url": "http://h.example:81"}), 0)
+        await asyncio.sleep(0)
+        assert list(asks[1].values()) == [4]
+        release_all(ex, c, 0.5)
+        assert ex._held_origins == {}
+
+    asyncio.run(run())

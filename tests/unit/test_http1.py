@@ -353,3 +353,36 @@ def test_an_address_that_never_answers_costs_a_quarter_second_not_the_timeout() 
     with asyncio.Runner(loop_factory=lambda: loop) as runner:
         excerpt, tried = runner.run(go())
     assert excerpt == b"ok" and tried == [Blackhole.BLACKHOLE, "127.0.0.1"]
+
+
+async def settle(client: Http1Client) -> None:
+    for _ in range(200):
+        if not client._warm_tasks:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_warm_opens_the_connections_calls_due_together_will_take(serve: Serve) -> None:
+    """Two paths of one origin, 3 + 2 calls due at once: 5 connections opened ahead (one
+    warm per origin, its URLs' calls summed), then 5 calls at once connect nothing."""
+    server, client = await serve(lambda n, req: OK)
+    client.warm({url(server, "/a"): 3, url(server, "/b"): 2})
+    await settle(client)
+    assert server.connections == 5
+    client.warm({url(server, "/a"): 5})  # as many idle already: nothing more
+    await settle(client)
+    assert server.connections == 5
+    out = await asyncio.gather(*(client.request("POST", url(server), {}, b"{}", 5.0)
+                                 for _ in range(5)))
+    assert [r.status for r in out] == [200] * 5
+    assert server.connections == 5
+
+
+async def test_warm_keeps_to_the_per_host_limit_and_ignores_failures(serve: Serve) -> None:
+    server, client = await serve(lambda n, req: OK, max_per_host=4)
+    client.warm({url(server): 100})
+    await settle(client)
+    assert server.connections == 4
+    client.warm({"http://127.0.0.1:1/refused": 2})  # nothing listens: not an outcome
+    await settle(client)
+    assert not client._warm_tasks and not client._warming

@@ -48,6 +48,12 @@ HELD_NOTICE_S = 1.0
 # event loop.
 HOLD_BUCKET_MS = 20
 RELEASE_CHUNK = 512
+# Connections for a bucket's HTTP calls are opened this long before it goes: early enough
+# to connect on a busy loop, well within the 4 s a pooled connection stays (http1.IDLE_S;
+# opened when the calls were decided, up to 8 s ahead for a spike, they were closed idle
+# before their calls). At most WARM_ORIGINS origins a bucket, those with the most calls.
+WARM_LEAD_S = 1.0
+WARM_ORIGINS = 64
 
 @dataclass(kw_only=True, slots=True)
 class HoldBucket:
@@ -56,6 +62,16 @@ class HoldBucket:
 
     due: float
     turns: dict[tuple[int, str], int] = field(default_factory=dict)  # (tier rank, tenant)
+    # Its HTTP calls per origin (scheme://host:port as written) and a URL of each: their
+    # connections are opened WARM_LEAD_S before it goes (Executor._warm).
+    origins: Counter[str] = field(default_factory=Counter)
+    urls: dict[str, str] = field(default_factory=dict)
+    warm_soon: bool = False  # a warm is scheduled (Executor._warm_soon)
+
+    def hold_call(self, url: str) -> None:
+        origin = _origin(url)
+        self.origins[origin] += 1
+        self.urls.setdefault(origin, url)
 
     def turn(self, rank: int, tenant: str) -> int:
         """The tenant's next turn in its tier: its first attempt 0, its second 1, ..."""
@@ -83,8 +99,6 @@ class Job:
     queued_at: float = 0.0  # monotonic: when it went into the queue
     # Reported held for its tenant's rate: told again when it is called.
     held_noticed: bool = False
-    # Counted in Executor._held_urls while held (decided ahead, an HTTP target).
-    hold_counted: bool = False
 
 
 class Executor:
@@ -123,11 +137,7 @@ class Executor:
         self._held_seq = itertools.count()
         # The buckets held attempts wait in (see _hold).
         self._buckets: dict[int, HoldBucket] = {}
-        # HTTP attempts held, per origin (scheme://host:port as written): their connections
-        # are opened while they wait (_warm); `_to_warm`: a URL of each origin held to
-        # since the last time.
-        self._held_origins: Counter[str] = Counter()
-        self._to_warm: dict[str, str] = {}
+        self._warm_at: asyncio.TimerHandle | None = None
         self._release_at: asyncio.TimerHandle | None = None
         self._unconfirmed: list[Job] = []
         self._confirm = asyncio.Event()
@@ -154,7 +164,8 @@ class Executor:
         self._held.clear()
         self._held_ids.clear()
         self._buckets.clear()
-        self._held_origins.clear()
+        if self._warm_at is not None:
+            self._warm_at.cancel()
         await cancel_and_wait(*self._tasks)
 
     def submit(self, dispatch: Dispatch, partition: int) -> None:
@@ -169,22 +180,14 @@ class Executor:
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job, dispatch.priority)
             return
-        self._hold(job, mono + hold_s, dispatch.not_before_ms)
-        url = dispatch.target.get("url")
-        if isinstance(url, str):
-            job.hold_counted = True
-            origin = _origin(url)
-            self._held_origins[origin] += 1
-            if not self._to_warm:
-                asyncio.get_running_loop().call_soon(self._warm)
-            self._to_warm[origin] = url
+        self._hold(job, mono + hold_s, dispatch.not_before_ms, warm=True)
         if self._before_dispatch is not None:
             self._unconfirmed.append(job)
             self._confirm.set()
 
-    def _hold(self, job: Job, release: float, due_ms: int) -> None:
+    def _hold(self, job: Job, release: float, due_ms: int, *, warm: bool = False) -> None:
         """Queue the attempt at `release` (monotonic: its due time `due_ms` on the wall
-        clock), not before; a cancel drops it."""
+        clock), not before; a cancel drops it. `warm`: open its connection beforehand."""
         # Released by HOLD_BUCKET_MS buckets, higher tiers first within one and a tier's
         # tenants in turn: a spike of a tenant's calls held for the same second must not be
         # queued before another's calls due with it (the runner still waits for the exact
@@ -202,6 +205,10 @@ class Executor:
         if bucket is None:
             bucket = self._buckets[key] = HoldBucket(due=release)
         turn = bucket.turn(rank, job.dispatch.tenant)
+        url = job.dispatch.target.get("url")
+        if warm and isinstance(url, str):
+            bucket.hold_call(url)
+            self._warm_soon(key, bucket, release)
         heapq.heappush(self._held, (key, rank, turn, next(self._held_seq), job))
         self._held_ids[job.dispatch.exec_id] = job
         if release < bucket.due or self._held[0][4] is job:
@@ -227,8 +234,18 @@ class Executor:
     def _schedule_release(self) -> None:
         if self._release_at is not None:
             self._release_at.cancel()
-        delay = max(0.0, self._released_at(self._held[0][0]) - self._clock.monotonic())
-        self._release_at = asyncio.get_running_loop().call_later(delay, self._release)
+        key = self._held[0][0]
+        delay = max(0.0, self._released_at(key) - self._clock.monotonic())
+        loop = asyncio.get_running_loop()
+        self._release_at = loop.call_later(delay, self._release)
+        if self._warm_at is not None:
+            self._warm_at.cancel()
+        self._warm_at = None
+        bucket = self._buckets[key]
+        if bucket.origins and delay > WARM_LEAD_S:
+            self._warm_at = loop.call_later(delay - WARM_LEAD_S, self._warm_timer, key)
+        elif bucket.origins:  # held when it was not the head: warm it now
+            self._warm_soon(key, bucket, bucket.due)
 
     def _released_at(self, bucket: int) -> float:
         return self._buckets[bucket].due
@@ -245,8 +262,7 @@ class Executor:
             bucket, _rank, _turn, _seq, job = heapq.heappop(self._held)
             if not self._held or self._held[0][0] != bucket:
                 del self._buckets[bucket]
-            if job.hold_counted:
-                self._unheld(_origin(job.dispatch.target["url"]))
+
             exec_id = job.dispatch.exec_id
             if self._held_ids.get(exec_id) is job:
                 del self._held_ids[exec_id]
@@ -259,21 +275,28 @@ class Executor:
         if self._held:
             self._schedule_release()
 
-    def _unheld(self, origin: str) -> None:
-        left = self._held_origins[origin] - 1
-        if left > 0:
-            self._held_origins[origin] = left
-        else:
-            del self._held_origins[origin]
+    def _warm_soon(self, key: int, bucket: HoldBucket, release: float) -> None:
+        """A call held into the bucket: if it goes within WARM_LEAD_S, warm it again soon
+        (once for all held meanwhile); later ones wait for the head bucket's timer."""
+        if not bucket.warm_soon and release - self._clock.monotonic() <= WARM_LEAD_S:
+            bucket.warm_soon = True
+            asyncio.get_running_loop().call_soon(self._warm, key)
 
-    def _warm(self) -> None:
-        """Have the HTTP runner open connections for the calls held to each origin held to
-        since the last time (all of them, not only the new ones: they may go at once)."""
-        batch, self._to_warm = self._to_warm, {}
+    def _warm_timer(self, key: int) -> None:
+        self._warm_at = None
+        self._warm(key)
+
+    def _warm(self, key: int) -> None:
+        """Have the HTTP runner open connections for the bucket's calls, WARM_ORIGINS of
+        its origins with the most calls, each as many as it has calls (the client opens
+        only what is missing)."""
+        bucket = self._buckets.get(key)
         warm = getattr(self.runners.get("http"), "warm", None)
-        if warm is not None:
-            warm({url: n for origin, url in batch.items()
-                  if (n := self._held_origins.get(origin, 0))})
+        if bucket is None or warm is None:
+            return
+        bucket.warm_soon = False
+        warm({bucket.urls[origin]: n
+              for origin, n in bucket.origins.most_common(WARM_ORIGINS)})
 
     def cancel(self, exec_id: str) -> None:
         if self._held_ids.pop(exec_id, None) is not None:

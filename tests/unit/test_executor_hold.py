@@ -285,8 +285,9 @@ def test_a_bucket_goes_when_its_earliest_call_is_due_not_at_its_start() -> None:
 
 
 def test_held_http_calls_have_their_connections_opened_while_they_wait() -> None:
-    """What the executor asks of its HTTP runner's warm: every call held to an origin (both
-    paths together), again when more are held; nothing once they are released."""
+    """What the executor asks of its HTTP runner's warm: every call of a bucket to an origin
+    (both paths together), again when more are held; a bucket due later than WARM_LEAD_S
+    only at that lead (its head-bucket timer)."""
     asks: list[dict[str, int]] = []
 
     class Warm:
@@ -304,14 +305,28 @@ def test_held_http_calls_have_their_connections_opened_while_they_wait() -> None
             ex.submit(Dispatch(exec_id=f"e{i}", job_id="j", tenant="t", scheduled_for_ms=500,
                                attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=500,
                                target={"url": f"http://h.example:81/{path}"}), 0)
-        await asyncio.sleep(0)
+        for _ in range(3):
+            await asyncio.sleep(0)
         assert len(asks) == 1 and list(asks[0].values()) == [3]
         ex.submit(Dispatch(exec_id="e3", job_id="j", tenant="t", scheduled_for_ms=500,
                            attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=500,
                            target={"url": "http://h.example:81"}), 0)
-        await asyncio.sleep(0)
+        for _ in range(3):
+            await asyncio.sleep(0)
         assert list(asks[1].values()) == [4]
-        release_all(ex, c, 0.5)
-        assert ex._held_origins == {}
+        # Due in 3 s: not warmed yet (the pool closes connections idle for 4 s), but
+        # WARM_LEAD_S before it goes.
+        ex.submit(Dispatch(exec_id="e4", job_id="j", tenant="t", scheduled_for_ms=3_000,
+                           attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=3_000,
+                           target={"url": "http://later.example/x"}), 0)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(asks) == 2
+        release_all(ex, c, 0.5)  # the bucket at 500 goes; the one at 3 s is the head
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(asks) == 2 and ex._warm_at is not None
+        ex._warm_at._run()  # its timer (2 s ahead, asyncio's clock): run it now
+        assert asks[2] == {"http://later.example/x": 1}
 
     asyncio.run(run())

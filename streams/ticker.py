@@ -12,8 +12,10 @@ With fire-ahead on, a tick also decides the eligible slots due within the next
 `fire_ahead_s` (the window travels in the tick). The ticker then also watches, per
 partition, the earliest timer past the window the last tick decided, and sends a tick when
 it enters the window: at most every AHEAD_EVERY_S, as timers left in the window (leases,
-other overlap policies) are read again by each tick. A worker that is behind decides
-nothing ahead: its held calls would only wait behind the queue it already has.
+other overlap policies) are read again by each tick. A worker behind on decisions (a
+partition with more due than its last tick fired) decides nothing ahead; one behind only
+on calls keeps the base window (not a spike's grown one): its held calls are released into
+a queue served by tier and tenant, not behind the calls already there.
 
 The window grows past `fire_ahead_s` when a spike is coming (streams.domain.lookahead): at
 each rescan the ticker counts the FIRE timers due in the next PILE_CAP_MS across its

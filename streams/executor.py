@@ -131,7 +131,7 @@ class Executor:
         self._cancelling: set[str] = set()
         # Attempts decided ahead of their slot, by release time (monotonic); cancelled ones
         # leave `_held_ids` and are dropped when their turn comes.
-        # (release bucket start, tier rank, seq, job): see _hold.
+        # (due-time bucket, tier rank, tenant's turn, seq, job): see _hold.
         self._held: list[tuple[int, int, int, int, Job]] = []
         self._held_ids: dict[str, Job] = {}
         self._held_seq = itertools.count()
@@ -262,7 +262,6 @@ class Executor:
             bucket, _rank, _turn, _seq, job = heapq.heappop(self._held)
             if not self._held or self._held[0][0] != bucket:
                 del self._buckets[bucket]
-
             exec_id = job.dispatch.exec_id
             if self._held_ids.get(exec_id) is job:
                 del self._held_ids[exec_id]
@@ -553,13 +552,13 @@ class Executor:
             "final": False, "retry_after_s": out.retry_after_s}
 
 
-@functools.lru_cache(maxsize=1024)
 def _origin(url: str) -> str:
     """scheme://authority of an absolute URL, as written (cheaper than parsing it)."""
     end = url.find("/", url.find("//") + 2)
     return url if end < 0 else url[:end]
 
 
+@functools.lru_cache(maxsize=1024)
 def _iso(ms: int) -> str:
     """X-Kron-Scheduled-For and KRON_SCHEDULED_FOR: the instant as kron.timefmt renders it,
     with the `+00:00` offset targets have always received (a target's parser may not take

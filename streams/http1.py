@@ -375,11 +375,12 @@ class Http1Client:
 
     def warm(self, calls: Mapping[str, int]) -> None:
         """Open connections to the URLs' origins ahead of `calls[url]` calls due there at
-        once (decided ahead, streams/executor.py), up to max_per_host idle ones: at their due
-        time they need no connect, which takes a few turns of a loop that may be busy with
-        another tenant's calls (kron bench noisy: a tenant's first calls after a quiet
-        minute went out 200 ms after their time beside another's spike, 29 ms alone).
-        A connection that fails here is not an outcome: the call connects itself."""
+        once (decided ahead, streams/executor.py), up to max_per_host idle ones an origin
+        and max_connections in all: at their due time they need no connect, which takes a
+        few turns of a loop that may be busy with another tenant's calls (kron bench noisy:
+        a tenant's first calls after a quiet minute went out 200 ms after their time beside
+        another's spike, 29 ms alone). A connection that fails here is not an outcome: the
+        call connects itself."""
         if self._closed:
             return
         per_origin: dict[Origin, tuple[Url, int]] = {}
@@ -387,11 +388,15 @@ class Http1Client:
             where = self.url(url)
             seen = per_origin.get(where.origin)
             per_origin[where.origin] = (where, n + (seen[1] if seen else 0))
+        # Warm connections count against max_connections (idle ones are capped by it too):
+        # a tenant's many origins due at once cannot open more than that ahead.
+        room = self._idle_max - self._idle_count - sum(self._warming.values())
         for origin, (where, n) in per_origin.items():
             have = len(self._idle.get(origin, ())) + self._warming.get(origin, 0)
-            want = min(n, self._max_per_host) - have
+            want = min(min(n, self._max_per_host) - have, room)
             if want <= 0:
                 continue
+            room -= want
             self._warming[origin] = self._warming.get(origin, 0) + want
             task = asyncio.ensure_future(self._warm(where, want))
             self._warm_tasks.add(task)

@@ -386,3 +386,19 @@ async def test_warm_keeps_to_the_per_host_limit_and_ignores_failures(serve: Serv
     client.warm({"http://127.0.0.1:1/refused": 2})  # nothing listens: not an outcome
     await settle(client)
     assert not client._warm_tasks and not client._warming
+
+
+async def test_warm_keeps_to_max_connections_over_origins(serve: Serve) -> None:
+    """A tenant's many origins due at once open no more than max_connections ahead."""
+    one, client = await serve(lambda n, req: OK, max_connections=6)
+    two = Scripted(lambda n, req: OK)
+    await two.start()
+    try:
+        client.warm({url(one): 5, url(two): 5})
+        await settle(client)
+        assert one.connections + two.connections == 6
+        client.warm({url(two): 5})  # full: nothing more
+        await settle(client)
+        assert one.connections + two.connections == 6
+    finally:
+        await two.stop()

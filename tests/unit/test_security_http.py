@@ -293,3 +293,37 @@ def test_environment_proxy_is_not_used(server: Server, monkeypatch: pytest.Monke
     out = run(HttpRunner(allow_private=True), f"http://127.0.0.1:{server.port}/direct")
     assert out.ok, out
     assert [path for path, _ in server.hits] == ["/direct"]
+
+
+def test_warm_dials_only_what_a_call_would(server: Server) -> None:
+    """Connections opened ahead of held calls (HttpRunner.warm) take the call's path: a
+    private address, a name that resolves to one, a bad scheme and a loopback name are not
+    dialled; a public answer is, and only to the checked address."""
+    lookups: list[str] = []
+
+    async def dns(host: str, port: int) -> list[IPAddress]:
+        lookups.append(host)
+        return [ipaddress.ip_address("10.0.0.7" if host == "inward.example" else PUBLIC)]
+
+    net = RoutingNetwork(server.port)
+    runner = HttpRunner(allow_private=False, resolver=dns)
+
+    async def go() -> None:
+        try:
+            runner.warm({f"http://127.0.0.1:{server.port}/": 3, "http://inward.example/": 2,
+                         "file:///etc/passwd": 1, f"http://localhost:{server.port}/": 1})
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+            assert net.connects == []
+            runner.warm({"http://public.example:8080/": 2})
+            for _ in range(200):
+                if len(net.connects) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert net.connects == [(PUBLIC, 8080)] * 2
+        finally:
+            await runner.close()
+
+    with asyncio.Runner(loop_factory=lambda: net) as loop:
+        loop.run(go())
+    assert set(lookups) == {"inward.example", "public.example"}

@@ -97,7 +97,8 @@ def _report(d: Dispatch, name: str, n: int, **fields: Any) -> dict[str, Any]:
             **fields}
 
 
-def test_the_core_records_the_held_reason_and_clears_it_when_called_or_done() -> None:
+def _started() -> tuple[MemoryStore, PartitionCore, Dispatch]:
+    """A one-off of tenant `slow`, fired at T0: its store, its core and its dispatch."""
     store = MemoryStore()
     core = PartitionCore(store)
     core.create_new(job_id="j1", tenant="slow", command_id="c1",
@@ -105,6 +106,11 @@ def test_the_core_records_the_held_reason_and_clears_it_when_called_or_done() ->
                     idempotency_key=None, ctx=_ctx(0, T0 - 1000))
     effects, _ = core.on_tick(_ctx(1, T0))
     (d,) = [e for e in effects if isinstance(e, Dispatch)]
+    return store, core, d
+
+
+def test_the_core_records_the_held_reason_and_clears_it_when_called_or_done() -> None:
+    store, core, d = _started()
     beat = "kron.executions.ExecutionHeartbeat"
     core.on_report(beat, _report(d, beat, 2, lease_until_ms=T0 + 60_000,
                                  held_for="dispatch rate"), _ctx(2, T0 + 1000))
@@ -128,13 +134,7 @@ def test_the_core_records_the_held_reason_and_clears_it_when_called_or_done() ->
 
 
 def test_a_heartbeat_with_any_other_held_for_sets_no_reason() -> None:
-    store = MemoryStore()
-    core = PartitionCore(store)
-    core.create_new(job_id="j1", tenant="slow", command_id="c1",
-                    spec=spec(target={"url": "http://x.invalid/"}, run_at_ms=T0),
-                    idempotency_key=None, ctx=_ctx(0, T0 - 1000))
-    effects, _ = core.on_tick(_ctx(1, T0))
-    (d,) = [e for e in effects if isinstance(e, Dispatch)]
+    store, core, d = _started()
     beat = "kron.executions.ExecutionHeartbeat"
     core.on_report(beat, _report(d, beat, 2, lease_until_ms=T0 + 60_000,
                                  held_for="<img src=x onerror=alert(1)>"), _ctx(2, T0 + 1000))

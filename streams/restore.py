@@ -71,8 +71,10 @@ def restore_stores(tables: Iterable[StoreSpec], *, partitions: int,
             report.per_table[spec.name] = n
     report.seconds = round(time.monotonic() - started, 2)
     if report.created or report.caught_up:
+        # Not "created": that name is LogRecord's own (its timestamp), and logging raises
+        # on it, which turned every successful restore into "bulk restore failed".
         log.info("restored partition stores from the changelogs", extra={
-            "created": report.created, "caught_up": report.caught_up,
+            "stores_created": report.created, "stores_caught_up": report.caught_up,
             "records": report.records, "rejected_stale_epoch": report.rejected,
             "seconds": report.seconds, "per_table": report.per_table})
     return report

@@ -4,6 +4,7 @@ are behind read only what they miss."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -18,7 +19,9 @@ from tests.conftest import fresh_settings
 pytestmark = pytest.mark.integration
 
 
-def test_restore_fills_missing_stores_as_faust_would(kafka_cluster, tmp_path) -> None:
+def test_restore_fills_missing_stores_as_faust_would(kafka_cluster, tmp_path,
+                                                     caplog) -> None:
+    caplog.set_level(logging.INFO, logger="kron.restore")  # as a worker logs
     settings = fresh_settings(kafka_cluster, tmp_path / "d", partitions=2)
     topic = settings.topic("jobs")
     # fresh_settings created kron's topics: jobs is compacted, with 2 partitions here.
@@ -43,6 +46,8 @@ def test_restore_fills_missing_stores_as_faust_would(kafka_cluster, tmp_path) ->
     report = restore_stores([spec], partitions=2, consumer_config=config,
                             batch_module=rocksdict)
     assert (report.created, report.records, report.rejected) == (2, 5, 1)
+    (line,) = [r for r in caplog.records if r.name == "kron.restore"]
+    assert (line.stores_created, line.records) == (2, 5)  # type: ignore[attr-defined]
 
     db = options.open(tmp_path / "jobs-0.db")
     try:

@@ -38,6 +38,7 @@ from tests.faults.support import (
     judge,
     now_ms,
     seeded_load,
+    slot_of,
     unsettled,
     wait_for_group,
     wait_settled,
@@ -158,6 +159,7 @@ def run_scenario(tmp_path, size: int, faults, reliability, scenario: str) -> Non
                 explain = explain_slots(settings, dup + verdict.lost
                                         + unsettled(settings, judged))
                 logs = fleet.logs()
+                _keep_diagnostics(tmp_path, settings, rcv, judged, verdict)
                 trail = _trace(settings, pending, fleet) + _hits_per_s(rcv) if pending else ""
             finally:
                 api.stop()
@@ -263,6 +265,31 @@ def _trace(settings, job_ids: set[str], fleet: Fleet) -> str:
              if any(i in line for i in (*job_ids, *exec_ids)) or "circuit" in line]
     return "\n".join([*(f"{j}: {v}" for j, v in found.items()), _offsets(settings),
                       "worker log lines naming them:", *lines[-60:]])
+
+
+def _keep_diagnostics(tmp_path, settings, rcv: Receiver, judged: Load, verdict) -> None:
+    """The run's latest slots, their calls and what the state topics hold for them, kept
+    beside the workers' logs whether the run passes or not: a slow recovery (a slot left
+    to its lease) fails no assertion but is worth reading."""
+    first_ok: dict[tuple[str, int], int] = {}
+    calls: dict[str, list[str]] = collections.defaultdict(list)
+    for h in list(rcv.hits):
+        job = h.headers.get("X-Kron-Job-Id", "")
+        if job not in judged.expected:
+            continue
+        slot = slot_of(h)
+        calls[job].append(f"{h.received_ms} slot={slot} status={h.status} "
+                          f"attempt={h.headers.get('X-Kron-Attempt')} "
+                          f"key={h.headers.get('Idempotency-Key')}")
+        if 200 <= h.status < 300:
+            first_ok[(job, slot)] = min(first_ok.get((job, slot), h.received_ms),
+                                        h.received_ms)
+    late = sorted(first_ok, key=lambda k: first_ok[k] - k[1], reverse=True)[:3]
+    lines = [f"verdict {verdict.summary()}", "latest slots:"]
+    for job, slot in late:
+        lines += [f"{job}@{slot} late {first_ok[(job, slot)] - slot} ms", *calls[job]]
+    lines.append(explain_slots(settings, late))
+    (tmp_path / "diagnostics.txt").write_text("\n".join(lines))
 
 
 def _hits_per_s(rcv: Receiver) -> str:

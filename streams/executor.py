@@ -54,6 +54,9 @@ RELEASE_CHUNK = 512
 # before their calls). At most WARM_ORIGINS origins a bucket, those with the most calls.
 WARM_LEAD_S = 1.0
 WARM_ORIGINS = 64
+# An attempt whose partition is still ours but whose owner's lease lapsed (the broker away,
+# a heartbeat late) waits for the lease this often, within the attempt's own lease.
+REGAIN_POLL_S = 0.05
 
 @dataclass(kw_only=True, slots=True)
 class HoldBucket:
@@ -99,6 +102,8 @@ class Job:
     queued_at: float = 0.0  # monotonic: when it went into the queue
     # Reported held for its tenant's rate: told again when it is called.
     held_noticed: bool = False
+    # Assignments the executor had seen when it came (Executor.set_owned_partitions).
+    rebalances: int = 0
 
 
 class Executor:
@@ -106,6 +111,7 @@ class Executor:
                  worker_id: str, concurrency: int = 256,
                  before_dispatch: Callable[[], Awaitable[None]] | None = None,
                  may_dispatch: Callable[[int], bool] | None = None,
+                 generation: Callable[[], int] | None = None,
                  tenants: QuotaTable | None = None, partitions: int = 1,
                  owned_partitions: int | None = None,
                  max_queued: int = DEFAULT_BOUND) -> None:
@@ -144,6 +150,13 @@ class Executor:
         # Cancelled while queued (released, waiting for a runner or the barrier): checked
         # right before the call. Bounded: an id for an attempt long gone is harmless.
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # faust_store.TerminalMemo says why
+        # Assignments seen, and the group generation of the last: an attempt from before
+        # either changed may have been retried by another owner (see _moved).
+        self._generation_now = generation
+        self._rebalances = 0
+        self._generation = 0  # read at each assignment: the consumer is not up yet
+        self._not_called: list[tuple[Job, str]] = []  # to report (_report_not_called)
+        self._not_called_wake = asyncio.Event()
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
         self.fenced = 0
@@ -156,6 +169,7 @@ class Executor:
         if self._before_dispatch is not None:
             self._tasks.append(asyncio.ensure_future(self._confirm_held()))
         self._tasks.append(asyncio.ensure_future(self._keep_throttled()))
+        self._tasks.append(asyncio.ensure_future(self._report_not_called()))
 
     async def stop(self) -> None:
         # Held attempts are not called: their leases run out and the next owner retries them.
@@ -176,7 +190,8 @@ class Executor:
         # its time, and dropping those calls left a slot to its lease expiry (a fault run
         # lost attempts that way); calling races the owner's retry only as a new attempt.
         job = Job(dispatch=dispatch, partition=partition,
-                  lease_deadline=mono + hold_s + dispatch.lease_s, queued_at=mono + hold_s)
+                  lease_deadline=mono + hold_s + dispatch.lease_s, queued_at=mono + hold_s,
+                  rebalances=self._rebalances)
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job, dispatch.priority)
             return
@@ -228,8 +243,11 @@ class Executor:
                 await self._before_dispatch()
             except Exception:  # each waits at its release instead
                 continue
+            # Acknowledged after a rebalance, a start may be missing from what the
+            # partition's next owner restored: _run judges those.
+            stale = self._generation_moved()
             for job in batch:
-                job.durable = True
+                job.durable = not stale and job.rebalances == self._rebalances
 
     def _schedule_release(self) -> None:
         if self._release_at is not None:
@@ -337,11 +355,15 @@ class Executor:
 
     def set_owned_partitions(self, owned: Collection[int]) -> None:
         """A rebalance: this worker owns these partitions now. Tenants' rates here follow
-        their number; attempts of the others leave the queue (the new owner retries them
-        by lease, as _run's ownership check would have had them), without spending their
-        tenants' tokens."""
+        their number; attempts of the others leave the queue without spending their
+        tenants' tokens, and are reported not called (_run's ownership check would have
+        found the same)."""
+        self._rebalances += 1
+        if self._generation_now is not None:
+            self._generation = self._generation_now()
         self._queue.set_partitions(len(owned))
-        self.fenced += self._queue.discard(lambda job: job.partition not in owned)
+        for job in self._queue.discard(lambda job: job.partition not in owned):
+            self._skip(job, f"partition {job.partition} went to another owner")
 
     def set_tenants(self, tenants: QuotaTable | None) -> None:
         """A new tenants table: weights and rates from now on."""
@@ -418,11 +440,17 @@ class Executor:
                 log.warning("attempt not dispatched: its start was not acknowledged",
                             extra={"exec_id": job.dispatch.exec_id})
                 return
-        if self._may_dispatch is not None and not self._may_dispatch(job.partition):
-            # A paused or cut-off owner: the partition's new owner retries it by lease.
-            self.fenced += 1
-            log.warning("attempt not dispatched: partition %s is no longer ours",
-                        job.partition, extra={"exec_id": d.exec_id})
+            if self._moved(job):
+                # The revoke hands a partition over after a bounded wait for our writes
+                # (WorkerLifecycle._on_revoked): a start acknowledged after a rebalance may be
+                # one the next owner did not restore. It may have decided the same attempt
+                # again (its tables lack ours, whose epoch it then fences), so ours must not
+                # go out.
+                self._skip(job, "its start was acknowledged only after a rebalance")
+                return
+        if (self._may_dispatch is not None and not self._may_dispatch(job.partition)
+                and not await self._regain(job)):
+            self._skip(job, f"partition {job.partition} is no longer ours")
             return
         early_ms = d.not_before_ms - self._clock.now_ms()
         if early_ms > 0:  # the release timer and the wall clock disagree by a hair
@@ -452,6 +480,48 @@ class Executor:
         await self._report(job.partition, *self._result(d, outcome, started),
                            wait_until_lease_ms=d.lease_until_ms if may_wait else None)
         self.completed += 1
+
+    def _moved(self, job: Job) -> bool:
+        """Has the group rebalanced since the attempt came? Then another member may have
+        owned its partition meanwhile and retried it: it must not be called, even with the
+        partition ours again. Any rebalance, not only one that took the partition: a member
+        the coordinator dropped learns of the generations it missed only at its rejoin."""
+        return job.rebalances != self._rebalances or self._generation_moved()
+
+    def _generation_moved(self) -> bool:
+        return self._generation_now is not None and self._generation_now() != self._generation
+
+    async def _regain(self, job: Job) -> bool:
+        """The owner's lease lapsed, the partition still ours (a broker restart: the
+        heartbeats wait for it): wait for the lease rather than give the attempt up, while
+        its own lease lasts. Given up, the slot waited for its lease timer (60 s)."""
+        assert self._may_dispatch is not None
+        while not self._moved(job) and self._clock.monotonic() < job.lease_deadline:
+            await asyncio.sleep(REGAIN_POLL_S)
+            if self._may_dispatch(job.partition):
+                return not self._moved(job)
+        return False
+
+    def _skip(self, job: Job, why: str) -> None:
+        """Not called, and never will be here: reported so, an attempt that ended without a
+        call, so that the partition's owner (perhaps this worker again) retries it now,
+        not when its lease runs out. The attempt's fencing token fences the word: an owner
+        that has moved on (a HELD hand-over, a lease expiry) drops it."""
+        self.fenced += 1
+        log.warning("attempt not called: %s", why, extra={"exec_id": job.dispatch.exec_id})
+        self._not_called.append((job, why))
+        self._not_called_wake.set()
+
+    async def _report_not_called(self) -> None:
+        while True:
+            await self._not_called_wake.wait()
+            self._not_called_wake.clear()
+            batch, self._not_called = self._not_called, []
+            for job, why in batch:
+                outcome = Outcome(ok=False, error_class=ErrorClass.LEASE_EXPIRED,
+                                  error=f"not called: {why}")
+                # started 0: no call started (the attempt keeps its decided start time)
+                await self._report(job.partition, *self._result(job.dispatch, outcome, 0))
 
     async def _pause(self, job: Job, wait_s: float) -> None:
         """The host's circuit is open: hold the attempt until it half-opens, then call it.

@@ -316,19 +316,20 @@ class FairQueue(Generic[T]):
     def owned_partitions(self) -> int:
         return self._owned
 
-    def discard(self, drop: Callable[[T], bool]) -> int:
+    def discard(self, drop: Callable[[T], bool]) -> list[T]:
         """Take out every attempt `drop` says no longer belongs here (a rebalance took its
-        partition); how many. They must not spend their tenant's tokens."""
-        dropped = 0
+        partition), and return them. They must not spend their tenant's tokens."""
+        dropped: list[T] = []
         for lanes in self._lanes:
             for lane in lanes.values():
                 if lane.state == _IDLE:
                     continue
-                keep = deque(item for item in lane.items if not drop(item))
+                keep: deque[T] = deque()
+                for item in lane.items:
+                    (dropped if drop(item) else keep).append(item)
                 gone = len(lane.items) - len(keep)
                 if not gone:
                     continue
-                dropped += gone
                 self.size -= gone
                 lane.items = keep
                 if lane.state == _PARKED:

@@ -158,7 +158,10 @@ def test_a_held_spike_is_released_in_chunks_with_a_critical_call_first() -> None
             put(tenant, job, tier)
 
         ex._queue.put = spy  # type: ignore[method-assign]
-        due = clock.now_ms() + 300
+        # Far enough ahead that all 5,001 are held before the first is due on a loaded
+        # host (300 ms was not: a run beside a fault test released some of A's before B's
+        # was submitted).
+        due = clock.now_ms() + 1_500
         for i in range(5_000):
             ex.submit(Dispatch(exec_id=f"a{i}", job_id="j", tenant="A", scheduled_for_ms=due,
                                attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=due,
@@ -166,7 +169,7 @@ def test_a_held_spike_is_released_in_chunks_with_a_critical_call_first() -> None
         ex.submit(Dispatch(exec_id="b-critical", job_id="k", tenant="B", scheduled_for_ms=due,
                            attempt=1, fencing_token=1, lease_s=30.0, not_before_ms=due,
                            target={"url": "http://x.invalid/"}, priority=Priority.CRITICAL), 0)
-        for _ in range(500):
+        for _ in range(1_000):
             if len(calls) >= 2:
                 break
             await asyncio.sleep(0.01)

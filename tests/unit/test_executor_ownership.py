@@ -1,0 +1,201 @@
+"""An attempt whose partition this worker may not act for at its call. With the owner's
+lease lapsed and the partition still assigned (a broker restart) it waits for the lease and
+goes out as the same attempt. After any rebalance since it came (another member may have
+held the partition), even with the partition ours again, it is not called and is reported
+so (a failed attempt without a call), for the owner to retry it now rather than at its
+lease's end. The runner here records calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from kron.clock import ManualClock
+from streams.engine.core import Dispatch
+from streams.executor import Executor
+from streams.targets import AttemptInfo, Outcome
+
+Reports = list[tuple[str, dict[str, Any]]]
+
+
+class Recorder:
+    """Calls in order; a call waits while `gate` is clear."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def run(self, target: dict[str, Any], info: AttemptInfo) -> Outcome:
+        self.calls.append((info.exec_id, info.attempt))
+        await self.gate.wait()
+        return Outcome(ok=True, status_code=200)
+
+
+def attempt(exec_id: str, not_before_ms: int = 0) -> Dispatch:
+    return Dispatch(exec_id=exec_id, job_id="j", tenant="t", scheduled_for_ms=0, attempt=2,
+                    fencing_token=2, lease_s=60.0, target={"topic": "out"},
+                    not_before_ms=not_before_ms)
+
+
+def executor(owner: dict[str, Any], reports: Reports, *, concurrency: int = 4,
+             barrier: Callable[[], Awaitable[None]] | None = None
+             ) -> tuple[Executor, Recorder]:
+    async def report(partition: int, name: str, record: dict[str, Any], /,
+                     **_: Any) -> None:
+        reports.append((name, record))
+
+    runner = Recorder()
+    ex = Executor(runners={"kafka": runner}, report=report,
+                  clock=ManualClock(now_ms=1_000, monotonic=1.0), worker_id="w",
+                  concurrency=concurrency, partitions=2, before_dispatch=barrier,
+                  may_dispatch=lambda p: owner["lease"] and p in owner.get("parts", {0, 1}),
+                  generation=lambda: owner.get("generation", 1))
+    ex.set_owned_partitions({0, 1})
+    return ex, runner
+
+
+async def until(cond: Any, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_lapsed_lease_delays_the_call_and_keeps_the_attempt() -> None:
+    owner: dict[str, Any] = {"lease": False}
+    reports: Reports = []
+
+    async def run() -> Recorder:
+        ex, runner = executor(owner, reports)
+        ex.start()
+        ex.submit(attempt("e1"), 0)
+        await asyncio.sleep(0.3)  # six looks at the lease
+        assert runner.calls == [] and reports == []
+        owner["lease"] = True  # a heartbeat went through: the partition is still ours
+        await until(lambda: reports)
+        await ex.stop()
+        return runner
+
+    runner = asyncio.run(run())
+    assert runner.calls == [("e1", 2)]
+    assert [(n, r["attempt"]) for n, r in reports] == [("kron.executions.ExecutionSucceeded", 2)]
+
+
+def test_an_attempt_whose_partition_moved_is_reported_not_called() -> None:
+    """Moved while it waited for the lease; the partition comes back to this worker before
+    the lease does: still not called (another owner may have retried it meanwhile)."""
+    owner: dict[str, Any] = {"lease": False}
+    reports: Reports = []
+
+    async def run() -> Recorder:
+        ex, runner = executor(owner, reports)
+        ex.start()
+        ex.submit(attempt("e1"), 0)
+        await asyncio.sleep(0.1)
+        ex.set_owned_partitions({1})
+        ex.set_owned_partitions({0, 1})
+        owner["lease"] = True
+        await until(lambda: reports)
+        ex.submit(attempt("e2"), 0)  # came after the partition did: called
+        await until(lambda: len(reports) == 2)
+        await ex.stop()
+        return runner
+
+    runner = asyncio.run(run())
+    assert runner.calls == [("e2", 2)]
+    (name, failed), (_, ok) = reports
+    assert name == "kron.executions.ExecutionFailed" and ok["exec_id"] == "e2"
+    assert (failed["exec_id"], failed["attempt"], failed["fencing_token"]) == ("e1", 2, 2)
+    assert failed["error_class"] == "lease_expired"
+    assert failed["error"] == "not called: partition 0 is no longer ours"
+    assert failed["started_at_ms"] == 0  # no call started: the record keeps its start
+
+
+def test_a_generation_missed_while_lapsed_counts_as_moved() -> None:
+    """Dropped by the coordinator while cut off, this member learns of the generations it
+    missed only at its rejoin, whose assignment may give the partition back: the
+    generation, not the assignment seen, tells that another member may have held it."""
+    owner: dict[str, Any] = {"lease": False}
+    reports: Reports = []
+
+    async def run() -> Recorder:
+        ex, runner = executor(owner, reports)
+        ex.start()
+        ex.submit(attempt("e1"), 0)
+        await asyncio.sleep(0.1)
+        owner.update(generation=3, lease=True)  # rejoined: no new assignment told yet
+        await until(lambda: reports)
+        await ex.stop()
+        return runner
+
+    runner = asyncio.run(run())
+    assert runner.calls == []
+    assert [(r["exec_id"], r["error_class"]) for _, r in reports] == [("e1", "lease_expired")]
+
+
+def test_a_rebalance_reports_the_queued_attempts_of_partitions_it_took() -> None:
+    owner: dict[str, Any] = {"lease": True}
+    reports: Reports = []
+
+    async def run() -> Recorder:
+        ex, runner = executor(owner, reports, concurrency=1)
+        runner.gate.clear()
+        ex.start()
+        for i, partition in enumerate((0, 0, 1, 0)):
+            ex.submit(attempt(f"e{i}"), partition)
+        await until(lambda: runner.calls)  # e0 in flight, e1-e3 queued
+        owner["parts"] = {1}
+        ex.set_owned_partitions({1})
+        await until(lambda: len(reports) == 2)
+        runner.gate.set()
+        await until(lambda: len(reports) == 4)
+        await ex.stop()
+        return runner
+
+    runner = asyncio.run(run())
+    # e0's call was under way: it ends and is reported as it ended (its token fences it).
+    assert runner.calls == [("e0", 2), ("e2", 2)]
+    assert sorted((r["exec_id"], n.rsplit(".", 1)[1], r.get("error")) for n, r in reports) == [
+        ("e0", "ExecutionSucceeded", None),
+        ("e1", "ExecutionFailed", "not called: partition 0 went to another owner"),
+        ("e2", "ExecutionSucceeded", None),
+        ("e3", "ExecutionFailed", "not called: partition 0 went to another owner")]
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["due", "decided-ahead"])
+def test_a_start_acknowledged_only_after_a_rebalance_is_not_called(held: bool) -> None:
+    """The revoke hands the partition over after a bounded wait for our writes: a start
+    acknowledged later may be missing from what the next owner restored, and it may have
+    decided the same attempt again. Ours is not called, even with the partition kept."""
+    owner: dict[str, Any] = {"lease": True}
+    reports: Reports = []
+    acked = asyncio.Event()
+
+    async def barrier() -> None:
+        await acked.wait()
+
+    async def run() -> Recorder:
+        ex, runner = executor(owner, reports, barrier=barrier)
+        clock = ex._clock
+        assert isinstance(clock, ManualClock)
+        ex.start()
+        ex.submit(attempt("e1", 1_200 if held else 0), 0)
+        await asyncio.sleep(0.1)
+        ex.set_owned_partitions({0, 1})  # a rebalance that kept the partition here
+        acked.set()
+        clock.advance(0.3)  # the held one is due
+        await until(lambda: reports)
+        ex.submit(attempt("e2"), 0)  # its start acknowledged in this generation: called
+        await until(lambda: len(reports) == 2)
+        await ex.stop()
+        return runner
+
+    runner = asyncio.run(run())
+    assert runner.calls == [("e2", 2)]
+    assert [(r["exec_id"], r.get("error")) for _, r in reports] == [
+        ("e1", "not called: its start was acknowledged only after a rebalance"), ("e2", None)]

@@ -156,6 +156,8 @@ class Executor:
         self._rebalances = 0
         self._generation = 0  # read at each assignment: the consumer is not up yet
         self._not_called: list[tuple[Job, str]] = []  # to report (_report_not_called)
+        # exec_id -> attempt of those whose call waits for Kafka or the lease (see stuck)
+        self._stuck: dict[str, int] = {}
         self._not_called_wake = asyncio.Event()
         self.breaker = CircuitBreaker(clock=clock)
         self.completed = 0
@@ -434,12 +436,15 @@ class Executor:
             # The lease ran out while queued; the owner's lease timer retries it.
             return
         if self._before_dispatch is not None and not job.durable:
+            self._stuck[d.exec_id] = d.attempt
             try:
                 await self._before_dispatch()
             except Exception:  # not durable: don't call; the lease timer retries it
                 log.warning("attempt not dispatched: its start was not acknowledged",
                             extra={"exec_id": job.dispatch.exec_id})
                 return
+            finally:
+                self._stuck.pop(d.exec_id, None)
             if self._moved(job):
                 # The revoke hands a partition over after a bounded wait for our writes
                 # (WorkerLifecycle._on_revoked): a start acknowledged after a rebalance may be
@@ -496,11 +501,21 @@ class Executor:
         heartbeats wait for it): wait for the lease rather than give the attempt up, while
         its own lease lasts. Given up, the slot waited for its lease timer (60 s)."""
         assert self._may_dispatch is not None
-        while not self._moved(job) and self._clock.monotonic() < job.lease_deadline:
-            await asyncio.sleep(REGAIN_POLL_S)
-            if self._may_dispatch(job.partition):
-                return not self._moved(job)
-        return False
+        d = job.dispatch
+        self._stuck[d.exec_id] = d.attempt
+        try:
+            while not self._moved(job) and self._clock.monotonic() < job.lease_deadline:
+                await asyncio.sleep(REGAIN_POLL_S)
+                if self._may_dispatch(job.partition):
+                    return not self._moved(job)
+            return False
+        finally:
+            self._stuck.pop(d.exec_id, None)
+
+    def stuck(self, exec_id: str, attempt: int) -> bool:
+        """Does this attempt's call wait here for Kafka to acknowledge its start, or for
+        the owner's lease? Asked when its HELD timer falls due (Context.stuck)."""
+        return self._stuck.get(exec_id) == attempt
 
     def _skip(self, job: Job, why: str) -> None:
         """Not called, and never will be here: reported so, an attempt that ended without a

@@ -169,7 +169,7 @@ class PartitionDriver:
         return Context(now_ms=rec["envelope"]["occurred_at_ms"],
                        causation_id=rec["envelope"]["event_id"],
                        worker=self.settings.worker_id, epoch=epoch,
-                       incarnation=self.incarnation,
+                       incarnation=self.incarnation, stuck=self.executor.stuck,
                        misfire_grace_ms=int(self.settings.misfire_grace_s * 1000))
 
     async def _tick(self, partition: int, rec: dict[str, Any], *, here: bool = False) -> None:

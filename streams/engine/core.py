@@ -83,6 +83,11 @@ HELD_REASON: Final = QueueReason.DISPATCH_RATE.value
 # How late a slot may be found before misfire policy applies: covers tick and GC jitter,
 # not downtime.
 MISFIRE_GRACE_MS = 5_000
+# A process whose calls decided ahead are stuck at their due time (waiting for Kafka to
+# acknowledge their start, or for its ownership lease: a broker away) writes their HELD
+# timer again this much later, so that if it dies still holding them, the next owner hands
+# them over then, not at the end of their lease.
+HELD_RECHECK_MS = 5_000
 # A worker down for a day must not enumerate a per-second cron's 86,400 slots in one event.
 MAX_LATE_SLOTS = 10_000
 # Triggers that start a slot of the job's own schedule (not manual runs, not backfills).
@@ -168,7 +173,9 @@ class LeaseTimer(TypedDict):
 
 
 class HeldTimer(TypedDict):
-    """The [exec id, attempt] of the attempts one process decided ahead, due together."""
+    """The [exec id, attempt] of the attempts one process decided ahead, due together; a
+    timer written again for calls still stuck (HELD_RECHECK_MS) adds each one's due time,
+    [exec id, attempt, due ms]."""
 
     h: list[list[str | int]]
     i: str  # the incarnation holding their calls
@@ -237,6 +244,9 @@ class Context:
     # Which process this is (new at every start): an attempt decided ahead is held by the
     # process that decided it, and only there (see _hand_over).
     incarnation: str = ""
+    # Is this process's call of (exec_id, attempt), decided ahead, due and not yet made, stuck
+    # (see HELD_RECHECK_MS)? None: nothing is (a replay, a test without an executor).
+    stuck: Callable[[str, int], bool] | None = None
     # How late a slot may be before misfire policy judges it. Every owner must use the same
     # value (it is a deployment setting), or replays would decide differently.
     misfire_grace_ms: int = MISFIRE_GRACE_MS
@@ -887,6 +897,8 @@ class PartitionCore:
         if tk.kind == TimerKind.HELD:
             if data["i"] != ctx.incarnation:
                 self._hand_over(data["h"], tk.due_ms, ctx)
+            elif ctx.stuck is not None:
+                self._recheck_held(data["h"], tk.due_ms, ctx.stuck, ctx)
             return
         if tk.kind == TimerKind.EXPIRE:
             retention.on_expire(self, data, ctx)
@@ -1131,6 +1143,15 @@ class PartitionCore:
                 # may not have survived a crash. Finished: nothing to do.
                 self._rearm(ex, ctx)
 
+    def _recheck_held(self, entries: list[list[Any]], due_ms: int,
+                      stuck: Callable[[str, int], bool], ctx: Context) -> None:
+        """Our own HELD timer: its calls are ours to make, but those stuck (HELD_RECHECK_MS)
+        are looked at again later, by whoever owns the partition then."""
+        again = [[ex_id, attempt, rest[0] if rest else due_ms]
+                 for ex_id, attempt, *rest in entries if stuck(ex_id, attempt)]
+        if again:
+            ctx.held.setdefault(ctx.now_ms + HELD_RECHECK_MS, []).extend(again)
+
     def _hand_over(self, entries: list[list[Any]], due_ms: int, ctx: Context) -> None:
         """Attempts another process decided ahead, now due. Their calls waited in its
         executor; it died, stopped or lost the partition, so each call was never made or
@@ -1140,12 +1161,12 @@ class PartitionCore:
         attempt, never the same one again: two calls must not share a fencing token. An
         attempt that started at another time is not the one held (a torn event's slot,
         decided again since by this owner)."""
-        for ex_id, attempt in entries:
+        for ex_id, attempt, *rest in entries:
             if self.store.known_terminal(ex_id, attempt):
                 continue
             ex = self.store.execution(ex_id)
             if (ex is None or ex["attempt"] != attempt or ex["state"] != RUNNING
-                    or ex["attempts"][-1]["started_at_ms"] != due_ms):
+                    or ex["attempts"][-1]["started_at_ms"] != (rest[0] if rest else due_ms)):
                 continue
             self._expire(ex, ctx, why="the worker holding the call stopped before its due time")
 

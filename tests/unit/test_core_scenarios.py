@@ -734,6 +734,48 @@ def test_the_process_that_decided_a_slot_ahead_adds_nothing_at_its_due_time() ->
     assert p.ex("once", T0 + 2 * SEC)["state"] == "running"
 
 
+def test_a_call_stuck_at_its_due_time_is_handed_over_if_its_process_dies_holding_it() -> None:
+    """At the due time the process that decided the slot still holds its call, but the
+    call waits (a broker away: the start's acknowledgement, the owner's lease): the HELD
+    timer is written again HELD_RECHECK_MS on, so a next owner hands the slot over then
+    (not at its lease's end, 60 s on); while the call goes out, nothing is written."""
+    p = Partition(T0, fire_ahead_ms=3 * SEC)
+    p.create("once", run_at_ms=T0 + 2 * SEC, lease_s=60.0,
+             retry={"max_attempts": 3, "backoff": "fixed", "base_s": 0.5, "max_s": 0.5})
+    p.create("sent", run_at_ms=T0 + 2 * SEC, lease_s=60.0)
+    ds = {d.job_id: d for d in _dispatches(p.tick())}
+    stuck = {(ds["once"].exec_id, 1)}
+    p.core = PartitionCore(p.store)
+
+    def tick(at_ms: int) -> list[Effect]:
+        p.now = at_ms
+        ctx = p._ctx()
+        ctx.stuck = lambda ex_id, attempt: (ex_id, attempt) in stuck
+        effects, _ = p.core.on_tick(ctx)
+        return effects
+
+    assert _dispatches(tick(T0 + 2 * SEC)) == []
+
+    def held() -> list[tuple[int, list[Any]]]:
+        return [(decode_timer_key(k).due_ms, orjson.loads(v)["h"])
+                for k, v in p.store.timers.items()
+                if decode_timer_key(k).kind == TimerKind.HELD]
+
+    recheck = T0 + 2 * SEC + core_module.HELD_RECHECK_MS
+    assert held() == [(recheck, [[ds["once"].exec_id, 1, T0 + 2 * SEC]])]
+    tick(recheck)  # still stuck: again, still only the one that is
+    assert held() == [(recheck + core_module.HELD_RECHECK_MS,
+                       [[ds["once"].exec_id, 1, T0 + 2 * SEC]])]
+    assert p.ex("once", T0 + 2 * SEC)["state"] == "running"
+    # The process died holding it: the next owner fails it then, and retries it.
+    p.new_owner(epoch=2, worker="w2")
+    p.tick(recheck + core_module.HELD_RECHECK_MS)
+    ex = p.ex("once", T0 + 2 * SEC)
+    assert ex["state"] == "retry_pending" and ex["attempts"][0]["outcome"] == "lease_expired"
+    assert p.ex("sent", T0 + 2 * SEC)["state"] == "running"  # its call went out: not ours
+    assert held() == []
+
+
 def test_a_cancelled_or_finished_held_slot_is_left_alone_by_the_next_owner() -> None:
     p = Partition(T0, fire_ahead_ms=3 * SEC)
     for job_id in ("once", "gone", "done"):

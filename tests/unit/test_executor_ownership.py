@@ -199,3 +199,32 @@ def test_a_start_acknowledged_only_after_a_rebalance_is_not_called(held: bool) -
     assert runner.calls == [("e2", 2)]
     assert [(r["exec_id"], r.get("error")) for _, r in reports] == [
         ("e1", "not called: its start was acknowledged only after a rebalance"), ("e2", None)]
+
+
+def test_a_call_waiting_for_kafka_or_the_lease_is_stuck_until_it_goes() -> None:
+    """What the owner's tick asks at a held call's due time (Context.stuck): true while it
+    waits for its start's acknowledgement or for the lease, false once it is called."""
+    owner: dict[str, Any] = {"lease": False}
+    reports: Reports = []
+    acked = asyncio.Event()
+
+    async def barrier() -> None:
+        await acked.wait()
+
+    async def run() -> list[bool]:
+        ex, _ = executor(owner, reports, barrier=barrier)
+        ex.start()
+        ex.submit(attempt("e1"), 0)
+        seen = []
+        await asyncio.sleep(0.1)
+        seen.append(ex.stuck("e1", 2))  # at the barrier
+        acked.set()
+        await asyncio.sleep(0.1)
+        seen += [ex.stuck("e1", 2), ex.stuck("e1", 1)]  # waiting for the lease
+        owner["lease"] = True
+        await until(lambda: reports)
+        seen.append(ex.stuck("e1", 2))
+        await ex.stop()
+        return seen
+
+    assert asyncio.run(run()) == [True, True, False, False]

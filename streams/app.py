@@ -155,8 +155,7 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
         report=lifecycle.report, clock=lifecycle.clock, worker_id=settings.worker_id,
         concurrency=settings.executor_concurrency,
         before_dispatch=barrier.wait if settings.dispatch_barrier else None,
-        may_dispatch=lifecycle.owns, generation=lifecycle.epoch, tenants=settings.tenants,
-        partitions=settings.partitions)
+        may_dispatch=lifecycle.owns, tenants=settings.tenants, partitions=settings.partitions)
     _track_owned_partitions(lifecycle, executor, driver.gate)
     ticker = Ticker(host=_TickerHost(lifecycle, driver, executor),
                     fire_ahead_s=settings.fire_ahead_s, worker_id=settings.worker_id)
@@ -213,7 +212,11 @@ def _count_metrics(lifecycle: WorkerLifecycle, driver: PartitionDriver,
 def _track_owned_partitions(lifecycle: WorkerLifecycle, executor: Executor,
                             gate: RunningGate) -> None:
     """Tenants' dispatch rates and max_running are split over the partitions by the share
-    this worker owns: tell the executor and the gate at each assignment."""
+    this worker owns: tell the executor and the gate at each assignment. The executor is
+    told of each revoke too (Executor.rebalance_started)."""
+
+    def revoked(app: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
+        executor.rebalance_started()
 
     def assigned(app: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
         try:
@@ -223,4 +226,5 @@ def _track_owned_partitions(lifecycle: WorkerLifecycle, executor: Executor,
         except Exception:  # the rates keep the last share; a crash here would stop the app
             log.exception("owned partitions not counted after an assignment")
 
+    lifecycle.app.on_partitions_revoked.connect(revoked)
     lifecycle.app.on_partitions_assigned.connect(assigned)

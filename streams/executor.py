@@ -111,7 +111,6 @@ class Executor:
                  worker_id: str, concurrency: int = 256,
                  before_dispatch: Callable[[], Awaitable[None]] | None = None,
                  may_dispatch: Callable[[int], bool] | None = None,
-                 generation: Callable[[], int] | None = None,
                  tenants: QuotaTable | None = None, partitions: int = 1,
                  owned_partitions: int | None = None,
                  max_queued: int = DEFAULT_BOUND) -> None:
@@ -150,11 +149,9 @@ class Executor:
         # Cancelled while queued (released, waiting for a runner or the barrier): checked
         # right before the call. Bounded: an id for an attempt long gone is harmless.
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # faust_store.TerminalMemo says why
-        # Assignments seen, and the group generation of the last: an attempt from before
-        # either changed may have been retried by another owner (see _moved).
-        self._generation_now = generation
+        # Revokes and assignments seen: an attempt from before one may have been retried
+        # by another owner (see _moved).
         self._rebalances = 0
-        self._generation = 0  # read at each assignment: the consumer is not up yet
         self._not_called: list[tuple[Job, str]] = []  # to report (_report_not_called)
         # exec_id -> attempt of those whose call waits for Kafka or the lease (see stuck)
         self._stuck: dict[str, int] = {}
@@ -247,9 +244,8 @@ class Executor:
                 continue
             # Acknowledged after a rebalance, a start may be missing from what the
             # partition's next owner restored: _run judges those.
-            stale = self._generation_moved()
             for job in batch:
-                job.durable = not stale and job.rebalances == self._rebalances
+                job.durable = job.rebalances == self._rebalances
 
     def _schedule_release(self) -> None:
         if self._release_at is not None:
@@ -361,11 +357,15 @@ class Executor:
         tenants' tokens, and are reported not called (_run's ownership check would have
         found the same)."""
         self._rebalances += 1
-        if self._generation_now is not None:
-            self._generation = self._generation_now()
         self._queue.set_partitions(len(owned))
         for job in self._queue.discard(lambda job: job.partition not in owned):
             self._skip(job, f"partition {job.partition} went to another owner")
+
+    def rebalance_started(self) -> None:
+        """Our partitions are being revoked (every rebalance starts so, and a member the
+        coordinator dropped while it was cut off learns of it so at its rejoin): attempts
+        that came before are not called once they were held up (see _moved)."""
+        self._rebalances += 1
 
     def set_tenants(self, tenants: QuotaTable | None) -> None:
         """A new tenants table: weights and rates from now on."""
@@ -445,7 +445,7 @@ class Executor:
                 return
             finally:
                 self._stuck.pop(d.exec_id, None)
-            if self._moved(job):
+            if job.rebalances != self._rebalances:  # _moved, inline: this path is hot
                 # The revoke hands a partition over after a bounded wait for our writes
                 # (WorkerLifecycle._on_revoked): a start acknowledged after a rebalance may be
                 # one the next owner did not restore. It may have decided the same attempt
@@ -487,14 +487,11 @@ class Executor:
         self.completed += 1
 
     def _moved(self, job: Job) -> bool:
-        """Has the group rebalanced since the attempt came? Then another member may have
+        """Has a rebalance begun since the attempt came? Then another member may have
         owned its partition meanwhile and retried it: it must not be called, even with the
         partition ours again. Any rebalance, not only one that took the partition: a member
-        the coordinator dropped learns of the generations it missed only at its rejoin."""
-        return job.rebalances != self._rebalances or self._generation_moved()
-
-    def _generation_moved(self) -> bool:
-        return self._generation_now is not None and self._generation_now() != self._generation
+        the coordinator dropped is told only by its rejoin's revoke."""
+        return job.rebalances != self._rebalances
 
     async def _regain(self, job: Job) -> bool:
         """The owner's lease lapsed, the partition still ours (a broker restart: the

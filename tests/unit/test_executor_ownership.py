@@ -52,8 +52,7 @@ def executor(owner: dict[str, Any], reports: Reports, *, concurrency: int = 4,
     ex = Executor(runners={"kafka": runner}, report=report,
                   clock=ManualClock(now_ms=1_000, monotonic=1.0), worker_id="w",
                   concurrency=concurrency, partitions=2, before_dispatch=barrier,
-                  may_dispatch=lambda p: owner["lease"] and p in owner.get("parts", {0, 1}),
-                  generation=lambda: owner.get("generation", 1))
+                  may_dispatch=lambda p: owner["lease"] and p in owner.get("parts", {0, 1}))
     ex.set_owned_partitions({0, 1})
     return ex, runner
 
@@ -116,10 +115,11 @@ def test_an_attempt_whose_partition_moved_is_reported_not_called() -> None:
     assert failed["started_at_ms"] == 0  # no call started: the record keeps its start
 
 
-def test_a_generation_missed_while_lapsed_counts_as_moved() -> None:
+def test_a_revoke_counts_as_moved_before_any_new_assignment() -> None:
     """Dropped by the coordinator while cut off, this member learns of the generations it
-    missed only at its rejoin, whose assignment may give the partition back: the
-    generation, not the assignment seen, tells that another member may have held it."""
+    missed only at its rejoin, which revokes first; by the time its lease is renewed (the
+    new generation's sync) its next assignment may give the partition back: the revoke
+    alone tells that another member may have held it."""
     owner: dict[str, Any] = {"lease": False}
     reports: Reports = []
 
@@ -128,7 +128,8 @@ def test_a_generation_missed_while_lapsed_counts_as_moved() -> None:
         ex.start()
         ex.submit(attempt("e1"), 0)
         await asyncio.sleep(0.1)
-        owner.update(generation=3, lease=True)  # rejoined: no new assignment told yet
+        ex.rebalance_started()
+        owner["lease"] = True  # rejoined: no new assignment told yet
         await until(lambda: reports)
         await ex.stop()
         return runner

@@ -429,7 +429,8 @@ class _Lifecycle:
     def __init__(self, owned: frozenset[int]) -> None:
         self.lease, self.runtime, self.clock = _Lease(), _Runtime(owned), None
         self.timers: dict[bytes, bytes] = {}
-        self.app = type("App", (), {"on_partitions_assigned": _Signal()})()
+        self.app = type("App", (), {"on_partitions_assigned": _Signal(),
+                                       "on_partitions_revoked": _Signal()})()
 
     def owned_partitions(self) -> frozenset[int]:
         return self.runtime.owned
@@ -477,6 +478,13 @@ def test_the_executor_learns_its_share_of_partitions_at_each_assignment() -> Non
     assigned(lifecycle.app, set(), signal=None)
     clock.advance(1.0)
     assert len(drain(queue)) == 80
+    # Each revoke is told too: what came before it is not called once held up.
+    ex.submit(attempt("b0", tenant="b"), 0)
+    job = queue.pop()
+    assert job is not None and not ex._moved(job)
+    (revoked,) = lifecycle.app.on_partitions_revoked.receivers
+    revoked(lifecycle.app, set(), signal=None)
+    assert ex._moved(job)
 
 
 def test_a_rebalance_takes_out_the_attempts_of_partitions_no_longer_owned() -> None:

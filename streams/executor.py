@@ -102,8 +102,10 @@ class Job:
     queued_at: float = 0.0  # monotonic: when it went into the queue
     # Reported held for its tenant's rate: told again when it is called.
     held_noticed: bool = False
-    # Assignments the executor had seen when it came (Executor.set_owned_partitions).
+    # Revokes and assignments the executor had seen when it came (Executor._moved), and
+    # revokes that handed partitions over with writes unacknowledged (Executor._run).
     rebalances: int = 0
+    unsafe: int = 0
 
 
 class Executor:
@@ -150,8 +152,10 @@ class Executor:
         # right before the call. Bounded: an id for an attempt long gone is harmless.
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # faust_store.TerminalMemo says why
         # Revokes and assignments seen: an attempt from before one may have been retried
-        # by another owner (see _moved).
+        # by another owner (see _moved). `_unsafe`: revokes that handed partitions over
+        # with our writes unacknowledged (handed_over_unacknowledged).
         self._rebalances = 0
+        self._unsafe = 0
         self._not_called: list[tuple[Job, str]] = []  # to report (_report_not_called)
         # exec_id -> attempt of those whose call waits for Kafka or the lease (see stuck)
         self._stuck: dict[str, int] = {}
@@ -190,7 +194,7 @@ class Executor:
         # lost attempts that way); calling races the owner's retry only as a new attempt.
         job = Job(dispatch=dispatch, partition=partition,
                   lease_deadline=mono + hold_s + dispatch.lease_s, queued_at=mono + hold_s,
-                  rebalances=self._rebalances)
+                  rebalances=self._rebalances, unsafe=self._unsafe)
         if hold_s <= 0:
             self._queue.put(dispatch.tenant, job, dispatch.priority)
             return
@@ -242,10 +246,10 @@ class Executor:
                 await self._before_dispatch()
             except Exception:  # each waits at its release instead
                 continue
-            # Acknowledged after a rebalance, a start may be missing from what the
-            # partition's next owner restored: _run judges those.
+            # Acknowledged only after a revoke handed partitions over without waiting for
+            # it, a start may be missing from what the next owner restored: _run judges it.
             for job in batch:
-                job.durable = job.rebalances == self._rebalances
+                job.durable = job.unsafe == self._unsafe
 
     def _schedule_release(self) -> None:
         if self._release_at is not None:
@@ -367,6 +371,11 @@ class Executor:
         that came before are not called once they were held up (see _moved)."""
         self._rebalances += 1
 
+    def handed_over_unacknowledged(self) -> None:
+        """A revoke handed partitions over with our writes not yet acknowledged: the
+        attempts those writes started are not called here (see _run)."""
+        self._unsafe += 1
+
     def set_tenants(self, tenants: QuotaTable | None) -> None:
         """A new tenants table: weights and rates from now on."""
         self._queue.set_tenants(tenants)
@@ -445,13 +454,12 @@ class Executor:
                 return
             finally:
                 self._stuck.pop(d.exec_id, None)
-            if job.rebalances != self._rebalances:  # _moved, inline: this path is hot
-                # The revoke hands a partition over after a bounded wait for our writes
-                # (WorkerLifecycle._on_revoked): a start acknowledged after a rebalance may be
-                # one the next owner did not restore. It may have decided the same attempt
-                # again (its tables lack ours, whose epoch it then fences), so ours must not
-                # go out.
-                self._skip(job, "its start was acknowledged only after a rebalance")
+            if job.unsafe != self._unsafe:
+                # A revoke handed its partition over before this start was acknowledged
+                # (WorkerLifecycle._on_revoked waits a bounded time): the next owner may
+                # have restored its tables without it and decided the same attempt again.
+                self._skip(job, "its start was acknowledged only after a revoke that did "
+                                "not wait for it")
                 return
         if (self._may_dispatch is not None and not self._may_dispatch(job.partition)
                 and not await self._regain(job)):

@@ -231,6 +231,9 @@ class WorkerLifecycle:
         except Exception as exc:  # a failed write restarts us (on_fatal); keep rebalancing
             log.warning("state writes not acknowledged before a revoke: %r", exc,
                         extra={"worker": self.settings.worker_id})
+            # The next owner may restore without them, and decide the same attempts again:
+            # the calls those writes started must not go out here.
+            self.executor.handed_over_unacknowledged()
 
     async def _log_stats(self) -> None:
         """The figures an operator looks at first, as one structured line."""

@@ -3,7 +3,8 @@ lease lapsed and the partition still assigned (a broker restart) it waits for th
 goes out as the same attempt. After any rebalance since it came (another member may have
 held the partition), even with the partition ours again, it is not called and is reported
 so (a failed attempt without a call), for the owner to retry it now rather than at its
-lease's end. The runner here records calls."""
+lease's end; so is one whose start Kafka acknowledged only after a revoke that did not
+wait for it. The runner here records calls."""
 
 from __future__ import annotations
 
@@ -169,10 +170,13 @@ def test_a_rebalance_reports_the_queued_attempts_of_partitions_it_took() -> None
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["due", "decided-ahead"])
-def test_a_start_acknowledged_only_after_a_rebalance_is_not_called(held: bool) -> None:
-    """The revoke hands the partition over after a bounded wait for our writes: a start
-    acknowledged later may be missing from what the next owner restored, and it may have
-    decided the same attempt again. Ours is not called, even with the partition kept."""
+@pytest.mark.parametrize("revoke", ["waited", "did-not-wait"])
+def test_a_start_acknowledged_only_after_a_revoke_that_did_not_wait_is_not_called(
+        held: bool, revoke: str) -> None:
+    """A revoke hands partitions over once our writes are acknowledged, or after a bounded
+    wait: then a start acknowledged later may be missing from what the next owner restored,
+    and it may have decided the same attempt again. Such an attempt is not called, even
+    with the partition kept here; after a revoke that waited, it is."""
     owner: dict[str, Any] = {"lease": True}
     reports: Reports = []
     acked = asyncio.Event()
@@ -187,19 +191,28 @@ def test_a_start_acknowledged_only_after_a_rebalance_is_not_called(held: bool) -
         ex.start()
         ex.submit(attempt("e1", 1_200 if held else 0), 0)
         await asyncio.sleep(0.1)
-        ex.set_owned_partitions({0, 1})  # a rebalance that kept the partition here
+        ex.rebalance_started()
+        if revoke == "did-not-wait":
+            ex.handed_over_unacknowledged()
+        ex.set_owned_partitions({0, 1})  # the partition stayed here
         acked.set()
         clock.advance(0.3)  # the held one is due
         await until(lambda: reports)
-        ex.submit(attempt("e2"), 0)  # its start acknowledged in this generation: called
+        ex.submit(attempt("e2"), 0)  # came after the revoke: called
         await until(lambda: len(reports) == 2)
         await ex.stop()
         return runner
 
     runner = asyncio.run(run())
+    if revoke == "waited":
+        assert runner.calls == [("e1", 2), ("e2", 2)]
+        assert [(r["exec_id"], r.get("error")) for _, r in reports] == [
+            ("e1", None), ("e2", None)]
+        return
     assert runner.calls == [("e2", 2)]
     assert [(r["exec_id"], r.get("error")) for _, r in reports] == [
-        ("e1", "not called: its start was acknowledged only after a rebalance"), ("e2", None)]
+        ("e1", "not called: its start was acknowledged only after a revoke that did not "
+               "wait for it"), ("e2", None)]
 
 
 def test_a_call_waiting_for_kafka_or_the_lease_is_stuck_until_it_goes() -> None:
@@ -229,3 +242,25 @@ def test_a_call_waiting_for_kafka_or_the_lease_is_stuck_until_it_goes() -> None:
         return seen
 
     assert asyncio.run(run()) == [True, True, False, False]
+
+
+@pytest.mark.parametrize("acked", [True, False])
+def test_a_revoke_that_gives_up_waiting_for_our_writes_tells_the_executor(acked: bool) -> None:
+    """WorkerLifecycle._on_revoked waits half a session for the changelog's acks; when it
+    hands over without them, the executor must hear of it."""
+    from types import SimpleNamespace
+
+    from streams.worker_lifecycle import WorkerLifecycle
+
+    told: list[str] = []
+
+    async def flush() -> None:
+        if not acked:
+            await asyncio.sleep(3600)  # the broker is away
+
+    lifecycle = SimpleNamespace(
+        changelog=SimpleNamespace(flush=flush),
+        settings=SimpleNamespace(session_timeout_s=0.2, worker_id="w"),
+        executor=SimpleNamespace(handed_over_unacknowledged=lambda: told.append("unsafe")))
+    asyncio.run(WorkerLifecycle._on_revoked(lifecycle, None, signal=None))  # type: ignore[arg-type]
+    assert told == ([] if acked else ["unsafe"])

@@ -155,7 +155,8 @@ def build_engine(settings: Settings, clock: Clock | None = None) -> Engine:
         report=lifecycle.report, clock=lifecycle.clock, worker_id=settings.worker_id,
         concurrency=settings.executor_concurrency,
         before_dispatch=barrier.wait if settings.dispatch_barrier else None,
-        may_dispatch=lifecycle.owns, tenants=settings.tenants, partitions=settings.partitions)
+        may_dispatch=lifecycle.owns, generation=lifecycle.epoch, tenants=settings.tenants,
+        partitions=settings.partitions)
     _track_owned_partitions(lifecycle, executor, driver.gate)
     ticker = Ticker(host=_TickerHost(lifecycle, driver, executor),
                     fire_ahead_s=settings.fire_ahead_s, worker_id=settings.worker_id)

@@ -106,6 +106,9 @@ class Job:
     # revokes that handed partitions over with writes unacknowledged (Executor._run).
     rebalances: int = 0
     unsafe: int = 0
+    # Its start was acknowledged while this worker could not act for its partition (the
+    # lease lapsed, or not ours): perhaps after another member took it over (see _run).
+    suspect: bool = False
 
 
 class Executor:
@@ -113,6 +116,7 @@ class Executor:
                  worker_id: str, concurrency: int = 256,
                  before_dispatch: Callable[[], Awaitable[None]] | None = None,
                  may_dispatch: Callable[[int], bool] | None = None,
+                 generation: Callable[[], int] | None = None,
                  tenants: QuotaTable | None = None, partitions: int = 1,
                  owned_partitions: int | None = None,
                  max_queued: int = DEFAULT_BOUND) -> None:
@@ -156,6 +160,9 @@ class Executor:
         # with our writes unacknowledged (handed_over_unacknowledged).
         self._rebalances = 0
         self._unsafe = 0
+        # The group generation of each assignment: one we took no part in is unsafe too.
+        self._generation_now = generation
+        self._generation: int | None = None
         self._not_called: list[tuple[Job, str]] = []  # to report (_report_not_called)
         # exec_id -> attempt of those whose call waits for Kafka or the lease (see stuck)
         self._stuck: dict[str, int] = {}
@@ -246,10 +253,17 @@ class Executor:
                 await self._before_dispatch()
             except Exception:  # each waits at its release instead
                 continue
-            # Acknowledged only after a revoke handed partitions over without waiting for
-            # it, a start may be missing from what the next owner restored: _run judges it.
+            # Acknowledged only after partitions were handed over without waiting for it,
+            # a start may be missing from what the next owner restored: _run judges it.
+            owned: dict[int, bool] = {}
             for job in batch:
-                job.durable = job.unsafe == self._unsafe
+                if job.unsafe != self._unsafe:
+                    continue
+                job.durable = True
+                if job.partition not in owned:
+                    owned[job.partition] = (self._may_dispatch is None
+                                            or self._may_dispatch(job.partition))
+                job.suspect = not owned[job.partition]
 
     def _schedule_release(self) -> None:
         if self._release_at is not None:
@@ -361,6 +375,17 @@ class Executor:
         tenants' tokens, and are reported not called (_run's ownership check would have
         found the same)."""
         self._rebalances += 1
+        if self._generation_now is not None:
+            generation = self._generation_now()
+            if self._generation is not None and generation != self._generation + 1:
+                # A generation without us (the coordinator dropped us while we were cut
+                # off): another member held our partitions, and restored them without the
+                # writes we had not had acknowledged.
+                log.warning("group generation %s after %s: our partitions may have had "
+                            "another owner; starts not yet acknowledged are not called",
+                            generation, self._generation)
+                self.handed_over_unacknowledged()
+            self._generation = generation
         self._queue.set_partitions(len(owned))
         for job in self._queue.discard(lambda job: job.partition not in owned):
             self._skip(job, f"partition {job.partition} went to another owner")
@@ -424,7 +449,7 @@ class Executor:
         if self._before_dispatch is not None and not all(job.durable for job in due):
             await self._before_dispatch()  # no heartbeat for a start Kafka may not have
         for job in due:
-            job.durable = True
+            job.durable = job.unsafe == self._unsafe
             job.held_noticed = True
             job.lease_deadline = self._clock.monotonic() + job.dispatch.lease_s
             await self._beat(job, job.dispatch.lease_s, held_for=HELD_REASON)
@@ -455,15 +480,26 @@ class Executor:
             finally:
                 self._stuck.pop(d.exec_id, None)
             if job.unsafe != self._unsafe:
-                # A revoke handed its partition over before this start was acknowledged
-                # (WorkerLifecycle._on_revoked waits a bounded time): the next owner may
-                # have restored its tables without it and decided the same attempt again.
-                self._skip(job, "its start was acknowledged only after a revoke that did "
-                                "not wait for it")
+                # Its partition was handed over before this start was acknowledged (a
+                # revoke waits a bounded time; a member dropped by the coordinator is not
+                # waited for): the next owner may have restored its tables without it and
+                # decided the same attempt again.
+                self._skip(job, "its start was acknowledged only after its partition was "
+                                "handed over")
                 return
-        if (self._may_dispatch is not None and not self._may_dispatch(job.partition)
-                and not await self._regain(job)):
+            job.durable = True
+            owned = self._may_dispatch is None or self._may_dispatch(job.partition)
+            job.suspect = not owned
+        else:
+            owned = self._may_dispatch is None or self._may_dispatch(job.partition)
+        if not owned and not await self._regain(job):
             self._skip(job, f"partition {job.partition} is no longer ours")
+            return
+        if job.suspect and job.rebalances != self._rebalances:
+            # Acknowledged while we could not tell whether the coordinator had dropped us,
+            # and the group rebalanced since: as above, the next owner may lack it.
+            self._skip(job, "its start was acknowledged while this worker's lease had "
+                            "lapsed, and the group rebalanced since")
             return
         early_ms = d.not_before_ms - self._clock.now_ms()
         if early_ms > 0:  # the release timer and the wall clock disagree by a hair

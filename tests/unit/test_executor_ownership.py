@@ -53,9 +53,18 @@ def executor(owner: dict[str, Any], reports: Reports, *, concurrency: int = 4,
     ex = Executor(runners={"kafka": runner}, report=report,
                   clock=ManualClock(now_ms=1_000, monotonic=1.0), worker_id="w",
                   concurrency=concurrency, partitions=2, before_dispatch=barrier,
-                  may_dispatch=lambda p: owner["lease"] and p in owner.get("parts", {0, 1}))
+                  may_dispatch=lambda p: owner["lease"] and p in owner.get("parts", {0, 1}),
+                  generation=lambda: owner.get("generation", 1))
     ex.set_owned_partitions({0, 1})
     return ex, runner
+
+
+def rebalance(ex: Executor, owner: dict[str, Any], parts: set[int] | None = None) -> None:
+    """A rebalance this member took part in: a revoke, then the next generation's
+    assignment."""
+    ex.rebalance_started()
+    owner["generation"] = owner.get("generation", 1) + 1
+    ex.set_owned_partitions({0, 1} if parts is None else parts)
 
 
 async def until(cond: Any, timeout_s: float = 5.0) -> None:
@@ -97,8 +106,8 @@ def test_an_attempt_whose_partition_moved_is_reported_not_called() -> None:
         ex.start()
         ex.submit(attempt("e1"), 0)
         await asyncio.sleep(0.1)
-        ex.set_owned_partitions({1})
-        ex.set_owned_partitions({0, 1})
+        rebalance(ex, owner, {1})
+        rebalance(ex, owner)
         owner["lease"] = True
         await until(lambda: reports)
         ex.submit(attempt("e2"), 0)  # came after the partition did: called
@@ -152,7 +161,7 @@ def test_a_rebalance_reports_the_queued_attempts_of_partitions_it_took() -> None
             ex.submit(attempt(f"e{i}"), partition)
         await until(lambda: runner.calls)  # e0 in flight, e1-e3 queued
         owner["parts"] = {1}
-        ex.set_owned_partitions({1})
+        rebalance(ex, owner, {1})
         await until(lambda: len(reports) == 2)
         runner.gate.set()
         await until(lambda: len(reports) == 4)
@@ -191,10 +200,9 @@ def test_a_start_acknowledged_only_after_a_revoke_that_did_not_wait_is_not_calle
         ex.start()
         ex.submit(attempt("e1", 1_200 if held else 0), 0)
         await asyncio.sleep(0.1)
-        ex.rebalance_started()
         if revoke == "did-not-wait":
             ex.handed_over_unacknowledged()
-        ex.set_owned_partitions({0, 1})  # the partition stayed here
+        rebalance(ex, owner)  # the partition stayed here
         acked.set()
         clock.advance(0.3)  # the held one is due
         await until(lambda: reports)
@@ -211,8 +219,8 @@ def test_a_start_acknowledged_only_after_a_revoke_that_did_not_wait_is_not_calle
         return
     assert runner.calls == [("e2", 2)]
     assert [(r["exec_id"], r.get("error")) for _, r in reports] == [
-        ("e1", "not called: its start was acknowledged only after a revoke that did not "
-               "wait for it"), ("e2", None)]
+        ("e1", "not called: its start was acknowledged only after its partition was "
+               "handed over"), ("e2", None)]
 
 
 def test_a_call_waiting_for_kafka_or_the_lease_is_stuck_until_it_goes() -> None:
@@ -264,3 +272,73 @@ def test_a_revoke_that_gives_up_waiting_for_our_writes_tells_the_executor(acked:
         executor=SimpleNamespace(handed_over_unacknowledged=lambda: told.append("unsafe")))
     asyncio.run(WorkerLifecycle._on_revoked(lifecycle, None, signal=None))  # type: ignore[arg-type]
     assert told == ([] if acked else ["unsafe"])
+
+
+def test_a_generation_taken_without_us_makes_unacknowledged_starts_unsafe() -> None:
+    """Dropped by the coordinator while the broker was away, a member rejoins generations
+    later (2 -> 5 in a broker-restart run); meanwhile another member restored our
+    partitions without our pending writes and decided the same attempts again. Ours,
+    acknowledged after, must not go out, even with the partition given back to us."""
+    owner: dict[str, Any] = {"lease": True}
+    reports: Reports = []
+    acked = asyncio.Event()
+
+    async def barrier() -> None:
+        await acked.wait()
+
+    async def run() -> Recorder:
+        ex, runner = executor(owner, reports, barrier=barrier)
+        ex.start()
+        ex.submit(attempt("e1"), 0)
+        await asyncio.sleep(0.1)
+        ex.rebalance_started()
+        owner["generation"] = 4  # rejoined: generations 2 and 3 went on without us
+        ex.set_owned_partitions({0, 1})
+        acked.set()
+        await until(lambda: reports)
+        await ex.stop()
+        return runner
+
+    runner = asyncio.run(run())
+    assert runner.calls == []
+    assert [r["error"] for _, r in reports] == [
+        "not called: its start was acknowledged only after its partition was handed over"]
+
+
+@pytest.mark.parametrize("rebalanced", [False, True])
+def test_a_start_acknowledged_while_the_lease_had_lapsed(rebalanced: bool) -> None:
+    """Acknowledged while this worker could not tell whether the coordinator had dropped
+    it: called once the lease is back if the group did not rebalance meanwhile, else not."""
+    owner: dict[str, Any] = {"lease": True}
+    reports: Reports = []
+    acked = asyncio.Event()
+
+    async def barrier() -> None:
+        await acked.wait()
+
+    async def run() -> Recorder:
+        ex, runner = executor(owner, reports, barrier=barrier)
+        clock = ex._clock
+        assert isinstance(clock, ManualClock)
+        ex.start()
+        ex.submit(attempt("e1", 1_500), 0)  # decided ahead: its start confirmed while held
+        await asyncio.sleep(0.05)
+        owner["lease"] = False
+        acked.set()
+        await asyncio.sleep(0.05)
+        if rebalanced:
+            rebalance(ex, owner)
+        owner["lease"] = True
+        clock.advance(0.6)
+        await until(lambda: reports)
+        await ex.stop()
+        return runner
+
+    runner = asyncio.run(run())
+    if not rebalanced:
+        assert runner.calls == [("e1", 2)]
+        return
+    assert runner.calls == []
+    assert [r["error"] for _, r in reports] == [
+        "not called: its start was acknowledged while this worker's lease had lapsed, and "
+        "the group rebalanced since"]

@@ -342,3 +342,22 @@ def test_a_start_acknowledged_while_the_lease_had_lapsed(rebalanced: bool) -> No
     assert [r["error"] for _, r in reports] == [
         "not called: its start was acknowledged while this worker's lease had lapsed, and "
         "the group rebalanced since"]
+
+
+@pytest.mark.parametrize(("lapsed_s", "stopping", "restarts"),
+                         [(5.0, False, False), (7.0, False, True), (7.0, True, False)])
+def test_a_lease_lapsed_a_session_past_its_end_restarts_an_idle_worker(
+        lapsed_s: float, stopping: bool, restarts: bool) -> None:
+    """A stream waiting for the broker reads no event, so hold_lease never runs: the
+    watch restarts the worker (dropping its unsent writes) once the lease is a session
+    (6 s here) past its end, not before, and not while it stops."""
+    from types import SimpleNamespace
+
+    from streams.worker_lifecycle import WorkerLifecycle
+
+    why: list[str] = []
+    lifecycle = SimpleNamespace(
+        _stopping=stopping, settings=SimpleNamespace(session_timeout_s=6.0),
+        lease=SimpleNamespace(remaining_s=lambda: -lapsed_s), restart=why.append)
+    asyncio.run(WorkerLifecycle._watch_lease(lifecycle))  # type: ignore[arg-type]
+    assert bool(why) == restarts

@@ -174,6 +174,12 @@ class Changelog:
                 pending.append((want, fut))
         self._waiters = pending
 
+    @property
+    def unacknowledged(self) -> bool:
+        """Is a write produced that Kafka has not acknowledged yet?"""
+        self.poll()
+        return not self._acked_all(self._produced)
+
     def _acked_all(self, want: dict[TP, int]) -> bool:
         return all(self._acked.get(tp, 0) >= n for tp, n in want.items())
 

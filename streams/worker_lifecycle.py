@@ -357,9 +357,13 @@ class WorkerLifecycle:
         it is back: after another member, given our partitions by a coordinator that gave
         up on us, restored them without those writes (fenced only from its first write on)
         and decided the same slots again (a broker-restart fault run recorded 30 slots
-        triggered twice so). Lapsed a session past its end, the lease is surely lost: start
-        over now, dropping what is unsent, as hold_lease would at the next event."""
-        if not self._stopping and -self.lease.remaining_s() > self.settings.session_timeout_s:
+        triggered twice so). Lapsed a session past its end, the lease is surely lost: with
+        writes waiting, start over now, dropping what is unsent, as hold_lease would at the
+        next event. With none (a coordinator moving to another broker: the 3-node fault
+        run restarted both workers for nothing), there is nothing to land late: the group
+        tells whether we are still in it."""
+        if (not self._stopping and -self.lease.remaining_s() > self.settings.session_timeout_s
+                and self.changelog.unacknowledged):
             self.restart("ownership lease lost (lapsed a session past its end) while no "
                          "event came: the group may have moved our partitions")
 

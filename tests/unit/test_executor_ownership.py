@@ -344,13 +344,15 @@ def test_a_start_acknowledged_while_the_lease_had_lapsed(rebalanced: bool) -> No
         "the group rebalanced since"]
 
 
-@pytest.mark.parametrize(("lapsed_s", "stopping", "restarts"),
-                         [(5.0, False, False), (7.0, False, True), (7.0, True, False)])
+@pytest.mark.parametrize(("lapsed_s", "stopping", "waiting", "restarts"),
+                         [(5.0, False, True, False), (7.0, False, True, True),
+                          (7.0, True, True, False), (7.0, False, False, False)])
 def test_a_lease_lapsed_a_session_past_its_end_restarts_an_idle_worker(
-        lapsed_s: float, stopping: bool, restarts: bool) -> None:
+        lapsed_s: float, stopping: bool, waiting: bool, restarts: bool) -> None:
     """A stream waiting for the broker reads no event, so hold_lease never runs: the
     watch restarts the worker (dropping its unsent writes) once the lease is a session
-    (6 s here) past its end, not before, and not while it stops."""
+    (6 s here) past its end, not before, not while it stops, and not without writes
+    waiting for Kafka (nothing could land late)."""
     from types import SimpleNamespace
 
     from streams.worker_lifecycle import WorkerLifecycle
@@ -358,6 +360,28 @@ def test_a_lease_lapsed_a_session_past_its_end_restarts_an_idle_worker(
     why: list[str] = []
     lifecycle = SimpleNamespace(
         _stopping=stopping, settings=SimpleNamespace(session_timeout_s=6.0),
+        changelog=SimpleNamespace(unacknowledged=waiting),
         lease=SimpleNamespace(remaining_s=lambda: -lapsed_s), restart=why.append)
     asyncio.run(WorkerLifecycle._watch_lease(lifecycle))  # type: ignore[arg-type]
     assert bool(why) == restarts
+
+
+def test_the_changelog_tells_whether_a_write_waits_for_kafka() -> None:
+    from streams.changelog import Changelog
+
+    class Books(Changelog):
+        def _write(self, *args: Any) -> None:
+            pass
+
+        def poll(self) -> None:
+            pass
+
+    log = Books(on_offsets=lambda offsets: None, on_fatal=lambda why: None)
+    assert not log.unacknowledged
+    log.produce("t", 0, b"k", b"v", None)
+    log.produce("t", 1, b"k", b"v", None)
+    assert log.unacknowledged
+    log._ack(("t", 0), 1, 0)
+    assert log.unacknowledged
+    log._ack(("t", 1), 1, 0)
+    assert not log.unacknowledged
